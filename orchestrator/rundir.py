@@ -1,0 +1,178 @@
+"""The run directory: resolved config, per-phase timings, per-iteration metrics, checkpoints.
+
+Layout:
+    RUN_DIR/config.yaml        resolved config (what `tide resume` reads back)
+    RUN_DIR/timings.jsonl      one record per phase per iteration: iteration, phase, start, seconds[, bytes]
+    RUN_DIR/metrics.jsonl      one record per iteration: iteration, reward_mean, logprob_gap, ...
+    RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+CKPT_PREFIX = "iter_"
+RUN_STATE_FILE = "run_state.json"
+
+
+def _append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line torn by SIGKILL mid-write: everything after it is dropped
+            break
+    return out
+
+
+@dataclass
+class PhaseRecord:
+    iteration: int
+    phase: str
+    start: float
+    seconds: float
+    bytes: int | None = None
+
+    def as_dict(self) -> dict:
+        d = {"iteration": self.iteration, "phase": self.phase, "start": self.start, "seconds": self.seconds}
+        if self.bytes is not None:
+            d["bytes"] = self.bytes
+        return d
+
+
+@dataclass
+class RunDir:
+    path: Path
+    _phase_extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(exist_ok=True)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def timings_file(self) -> Path:
+        return self.path / "timings.jsonl"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    # ---- timings and metrics -------------------------------------------------------------------
+    @property
+    def status_file(self) -> Path:
+        return self.path / "status.json"
+
+    def set_status(self, **fields: Any) -> None:
+        """Live state for people and tools watching a run (current iteration and phase, pids)."""
+        self._status = {**getattr(self, "_status", {}), **fields, "driver_pid": os.getpid(), "time": time.time()}
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._status))
+        tmp.replace(self.status_file)
+
+    @contextmanager
+    def phase(self, iteration: int, name: str) -> Iterator[dict]:
+        """Time a phase. The body may set `rec["bytes"] = n` on the yielded dict."""
+        extra: dict[str, Any] = {}
+        self.set_status(iteration=iteration, phase=name)
+        start = time.time()
+        t0 = time.perf_counter()
+        yield extra
+        rec = PhaseRecord(iteration, name, start, time.perf_counter() - t0, extra.get("bytes"))
+        _append_jsonl(self.timings_file, rec.as_dict())
+
+    def log_metrics(self, record: dict) -> None:
+        assert "iteration" in record
+        _append_jsonl(self.metrics_file, record)
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.metrics_file)
+
+    def timings(self) -> list[dict]:
+        return read_jsonl(self.timings_file)
+
+    def truncate_after(self, iteration: int) -> None:
+        """Drop records of iterations > `iteration` (work done after the checkpoint a resume starts from),
+        so that no iteration is recorded twice."""
+        for f in (self.metrics_file, self.timings_file):
+            kept = [r for r in read_jsonl(f) if r["iteration"] <= iteration]
+            tmp = f.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(f)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_dir(self, iteration: int) -> Path:
+        return self.checkpoints / f"{CKPT_PREFIX}{iteration:07d}"
+
+    @contextmanager
+    def writing_checkpoint(self, iteration: int, run_state: dict) -> Iterator[Path]:
+        """Yield a temporary directory to fill; on success write the run state into it and rename it
+        into place atomically. A checkpoint without run_state.json is never considered complete."""
+        final = self.checkpoint_dir(iteration)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        yield tmp
+        state_tmp = tmp / (RUN_STATE_FILE + ".tmp")
+        state_tmp.write_text(json.dumps(run_state))
+        state_tmp.replace(tmp / RUN_STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_dir(self.checkpoints)
+
+    def latest_checkpoint(self) -> Path | None:
+        complete = [
+            p for p in self.checkpoints.glob(f"{CKPT_PREFIX}*")
+            if not p.name.endswith(".tmp") and (p / RUN_STATE_FILE).exists()
+        ]
+        return max(complete, key=lambda p: p.name) if complete else None
+
+    def prune_checkpoints(self, keep: int) -> None:
+        for p in self.checkpoints.glob(f"{CKPT_PREFIX}*.tmp"):
+            shutil.rmtree(p, ignore_errors=True)
+        complete = sorted(p for p in self.checkpoints.glob(f"{CKPT_PREFIX}*") if not p.name.endswith(".tmp"))
+        for p in complete[:-keep] if keep > 0 else []:
+            shutil.rmtree(p, ignore_errors=True)
+
+    @staticmethod
+    def read_run_state(ckpt: Path) -> dict:
+        return json.loads((ckpt / RUN_STATE_FILE).read_text())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

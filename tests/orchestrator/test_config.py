@@ -1,0 +1,62 @@
+"""The YAML schema: bad input is reported by field name, with what is allowed, and exit code 2."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _base():
+    return {"name": "t", "iterations": 2}
+
+
+def test_shipped_configs_validate():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_unknown_field_names_field_and_allowed():
+    with pytest.raises(ConfigError) as e:
+        parse_config({**_base(), "rollout": {"n_sampels": 4}})
+    msg = str(e.value)
+    assert "rollout.n_sampels: unknown field" in msg and "n_samples" in msg
+
+
+def test_missing_field():
+    with pytest.raises(ConfigError, match="iterations: required field is missing"):
+        parse_config({"name": "t"})
+
+
+def test_invalid_value_names_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        parse_config({**_base(), "rollout": {"sync_mode": "hot"}})
+    assert "rollout.sync_mode" in str(e.value) and "'restart'" in str(e.value) and "'reload'" in str(e.value)
+
+
+def test_cross_field_rule():
+    with pytest.raises(ConfigError, match="gloo"):
+        parse_config({**_base(), "trainer": {"device": "cpu", "backend": "nccl"}})
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+
+
+def test_cli_exits_2_before_starting_anything(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**_base(), "trainer": {"lr": -1}}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "trainer.lr" in proc.stderr and "greater than 0" in proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,70 @@
+import json
+
+from orchestrator.inspect import inspect_run, phase_table
+from orchestrator.rundir import RunDir
+
+
+def test_phase_records_and_truncate(tmp_path):
+    run = RunDir(tmp_path / "r")
+    for it in (1, 2, 3):
+        with run.phase(it, "train") as rec:
+            rec["bytes"] = 10 * it
+        run.log_metrics({"iteration": it, "reward_mean": it / 10})
+    assert [r["bytes"] for r in run.timings()] == [10, 20, 30]
+    run.truncate_after(2)
+    assert [m["iteration"] for m in run.metrics()] == [1, 2]
+    assert [t["iteration"] for t in run.timings()] == [1, 2]
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.log_metrics({"iteration": 1})
+    with open(run.metrics_file, "a") as f:
+        f.write('{"iteration": 2, "rew')
+    assert run.metrics() == [{"iteration": 1}]
+
+
+def test_checkpoint_is_complete_only_after_rename(tmp_path):
+    run = RunDir(tmp_path / "r")
+    try:
+        with run.writing_checkpoint(4, {"iteration": 4}) as tmp:
+            (tmp / "weights").write_text("x")
+            raise RuntimeError("killed mid-save")
+    except RuntimeError:
+        pass
+    assert run.latest_checkpoint() is None
+    with run.writing_checkpoint(4, {"iteration": 4}) as tmp:
+        (tmp / "weights").write_text("x")
+    with run.writing_checkpoint(8, {"iteration": 8}):
+        pass
+    assert run.latest_checkpoint().name == "iter_0000008"
+    assert run.read_run_state(run.latest_checkpoint()) == {"iteration": 8}
+    run.prune_checkpoints(1)
+    assert [p.name for p in run.checkpoints.iterdir()] == ["iter_0000008"]
+
+
+def test_inspect_table_and_png(tmp_path):
+    run = RunDir(tmp_path / "r")
+    for it in (1, 2):
+        for phase, secs in (("rollout", 2.0), ("train", 1.0), ("sync", 1.0)):
+            with open(run.timings_file, "a") as f:
+                f.write(json.dumps({"iteration": it, "phase": phase, "start": 0, "seconds": secs}) + "\n")
+        run.log_metrics({"iteration": it, "reward_mean": 0.1 * it, "accuracy": 0.1 * it})
+    rows = {r["phase"]: r for r in phase_table(run.timings())}
+    assert rows["rollout"]["count"] == 2 and rows["rollout"]["share"] == 0.5
+    out = inspect_run(run)
+    assert out.exists() and out.stat().st_size > 10_000
+
+
+def test_logprob_gap_guard_names_the_limit():
+    import math
+
+    import pytest
+
+    from orchestrator.session import LogprobGapError, check_logprob_gap
+
+    check_logprob_gap(3, 5e-5, 1e-4)
+    with pytest.raises(LogprobGapError, match=r"iteration 3: .* differ by 0.002 .*max_logprob_gap = 0.0001"):
+        check_logprob_gap(3, 2e-3, 1e-4)
+    with pytest.raises(LogprobGapError):
+        check_logprob_gap(3, math.nan, 1e-4)
