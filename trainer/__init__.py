@@ -1,0 +1,8 @@
+"""Training: Megatron-core ranks (`trainer.megatron`, imported on demand), RL losses, the messages a trainer
+takes, the tiny-model builder, and the JAX engine (`trainer.jax`). Importing this package imports neither
+Megatron nor JAX."""
+from .batch import TrainBatch, TrainerSpec, TrainSequence
+from .losses import LossSpec, advantages, length_reward, policy_loss_sum
+
+__all__ = ["TrainBatch", "TrainerSpec", "TrainSequence", "LossSpec", "advantages", "length_reward",
+           "policy_loss_sum"]

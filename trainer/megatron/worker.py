@@ -1,0 +1,389 @@
+"""One Megatron-core trainer rank. The orchestrator runs one of these per rank as a Ray actor; every public
+method is called on all ranks at once (they take part in the same collectives)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from trainer.batch import TrainBatch, TrainerSpec, TrainSequence
+from trainer.losses import LossSpec, advantages, policy_loss_sum
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class MegatronWorker:
+    def __init__(self, spec: TrainerSpec, rank: int, world_size: int, master_addr: str, master_port: int):
+        if spec.device == "cpu":
+            from trainer.megatron.compat import enable_cpu_compat
+
+            enable_cpu_compat()
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        from transformers import AutoConfig
+
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+        torch.manual_seed(spec.seed)
+        if spec.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        if spec.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(spec.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(minutes=10))
+        ps.initialize_model_parallel(spec.tp, spec.pp, expert_model_parallel_size=spec.ep)
+        model_parallel_cuda_manual_seed(spec.seed)
+        self.ps = ps
+        self.hf_config = AutoConfig.from_pretrained(spec.hf_dir)
+        self.dtype = _DTYPES[spec.dtype]
+        self._build()
+        self._load_hf(spec.hf_dir)
+        self.loss_spec = LossSpec(spec.loss, spec.kimi_tau, spec.clip_eps)
+
+    # ---- construction -----------------------------------------------------------------------
+    def _build(self) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from trainer.megatron.model import build_gpt, transformer_config
+
+        s, ps = self.spec, self.ps
+        self.config = transformer_config(self.hf_config, tp=s.tp, pp=s.pp, ep=s.ep, dtype=self.dtype,
+                                         deterministic=s.deterministic)
+        module = build_gpt(self.hf_config, self.config, pre_process=ps.is_pipeline_first_stage(),
+                           post_process=ps.is_pipeline_last_stage())
+        if s.device == "cuda":
+            module = module.cuda()
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=False)
+        self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.no_sync_func = self.model.no_sync
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.lr, weight_decay=s.weight_decay,
+                            clip_grad=s.grad_clip, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
+                            fp16=self.dtype == torch.float16, use_distributed_optimizer=False),
+            [self.model],
+        )
+
+    @property
+    def module(self):
+        return self.model.module
+
+    def layout(self):
+        from ckpt_transfer.convert import RankLayout
+
+        ps = self.ps
+        layers = self.module.decoder.layers
+        return RankLayout(
+            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=ps.get_pipeline_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+            dp_rank=ps.get_data_parallel_rank(), expert_dp_rank=ps.get_expert_data_parallel_rank(),
+            layer_map={i: layer.layer_number - 1 for i, layer in enumerate(layers)},
+        )
+
+    def _load_hf(self, hf_dir: str) -> None:
+        """Initialise this rank's parameters from an HF checkpoint (slicing its TP shard)."""
+        from safetensors import safe_open
+
+        from ckpt_transfer.convert import family
+
+        index: dict[str, str] = {}
+        for f in sorted(Path(hf_dir).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as h:
+                index.update({k: str(f) for k in h.keys()})
+        if not index:
+            raise FileNotFoundError(f"no *.safetensors weights in {hf_dir}")
+
+        def get(name: str) -> torch.Tensor:
+            if name not in index:
+                raise KeyError(f"{hf_dir}: checkpoint has no tensor {name!r}")
+            with safe_open(index[name], "pt") as h:
+                return h.get_tensor(name)
+
+        params = dict(self.module.named_parameters())
+        state = family(self.hf_config).hf_to_megatron(get, params.keys(), self.hf_config, self.layout())
+        with torch.no_grad():
+            for name, p in params.items():
+                src = state[name]
+                if tuple(src.shape) != tuple(p.shape):
+                    raise ValueError(f"{name}: HF gives shape {tuple(src.shape)}, Megatron expects {tuple(p.shape)}")
+                p.copy_(src.to(p.dtype))
+
+    # ---- batches ----------------------------------------------------------------------------
+    def _dp_slice(self, seqs: list[TrainSequence]) -> list[int]:
+        dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
+        return list(range(len(seqs)))[r::dp]
+
+    def _micro_batches(self, seqs: list[TrainSequence], idx: list[int], adv: torch.Tensor | None, seq_len: int):
+        mbs = []
+        step = self.spec.micro_batch_size
+        for start in range(0, len(idx), step):
+            chosen = idx[start:start + step]
+            b = len(chosen)
+            tokens = torch.zeros(b, seq_len, dtype=torch.long)
+            labels = torch.zeros(b, seq_len, dtype=torch.long)
+            mask = torch.zeros(b, seq_len)
+            old = torch.zeros(b, seq_len)
+            for row, i in enumerate(chosen):
+                s = seqs[i]
+                full = s.prompt_ids + s.completion_ids
+                n = len(full) - 1
+                tokens[row, :n] = torch.tensor(full[:-1])
+                labels[row, :n] = torch.tensor(full[1:])
+                p, c = len(s.prompt_ids), len(s.completion_ids)
+                mask[row, p - 1:p - 1 + c] = 1.0
+                if s.old_logprobs:
+                    old[row, p - 1:p - 1 + c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+            mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old,
+                            position_ids=torch.arange(seq_len).unsqueeze(0).expand(b, -1),
+                            adv=None if adv is None else adv[chosen]))
+        return mbs
+
+    @staticmethod
+    def _seq_len(seqs: list[TrainSequence]) -> int:
+        return max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
+
+    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        device = "cuda" if self.spec.device == "cuda" else "cpu"
+
+        def forward_step(data_iter: Iterator[dict], model):
+            mb = next(data_iter)
+            labels = mb["labels"].to(device) if with_labels else None
+            out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None, labels=labels)
+            return out, partial(loss_fn, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.model],
+            num_microbatches=len(mbs), seq_length=seq_len, micro_batch_size=max(len(m["index"]) for m in mbs),
+            forward_only=forward_only,
+        )
+
+    def _reporting_rank(self) -> bool:
+        ps = self.ps
+        return ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+
+    # ---- public API ---------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None,
+                   updates: int = 1) -> dict[str, float]:
+        """Optimizer steps on the batch (`mode` "rl" uses the configured RL loss, "sft" the negative
+        log-likelihood of the completions) at learning rate `lr` (default: the configured one). The batch is
+        cut into `updates` consecutive mini-batches, one optimizer step each; advantages are computed over
+        the whole batch first, so a prompt's baseline always sees all of its samples."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.spec.lr if lr is None else lr
+        seqs = batch.sequences
+        seq_len = self._seq_len(seqs)
+        rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float32)
+        groups = torch.tensor([s.group for s in seqs])
+        adv = advantages(self.loss_spec, rewards, groups) if mode == "rl" else None
+        bounds = [len(seqs) * k // updates for k in range(updates + 1)]
+        stats, grad_norms = torch.zeros(3), []
+        for lo, hi in zip(bounds, bounds[1:]):
+            chunk = list(range(lo, hi))
+            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode)
+            stats += step_stats
+            grad_norms.append(grad_norm)
+        total_tokens = float(sum(len(s.completion_ids) for s in seqs))
+        return {"loss": float(stats[0]) / total_tokens, "logp_mean": float(stats[1]) / total_tokens,
+                "sq_log_ratio": float(stats[2]) / total_tokens, "grad_norm": sum(grad_norms) / len(grad_norms),
+                "tokens": int(total_tokens), "reporting": self._reporting_rank()}
+
+    def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
+                        mode: str) -> tuple[torch.Tensor, float]:
+        dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
+        tokens = float(sum(len(seqs[i].completion_ids) for i in chunk))
+        mbs = self._micro_batches(seqs, chunk[r::dp], adv, seq_len)
+        # Each micro-batch's token sum is divided by the mini-batch's token count; the schedule divides by
+        # the number of micro-batches and DDP averages over data-parallel ranks, which the factor undoes.
+        scale = len(mbs) * dp / max(tokens, 1.0)
+
+        def loss_fn(mb, output):
+            logp = -output.float()
+            mask = mb["mask"].to(logp.device)
+            old = mb["old"].to(logp.device)
+            if mode == "sft":
+                loss_sum = -(logp * mask).sum()
+                kl = logp.new_zeros(())
+            else:
+                loss_sum = policy_loss_sum(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device))
+                kl = (((logp - old) ** 2) * mask).sum()
+            stats = torch.stack([loss_sum.detach(), (logp.detach() * mask).sum(), kl.detach()])
+            return loss_sum * scale, {"stats": stats}
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        out = self._run(mbs, loss_fn, seq_len, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise RuntimeError("optimizer step skipped (non-finite gradients)")
+        stats = torch.zeros(3)
+        for d in out:
+            stats += d["stats"].cpu()
+        return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0)
+
+    def _sum_over_dp_on_last_stage(self, t: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if self.ps.is_pipeline_last_stage() and self.ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(t, group=self.ps.get_data_parallel_group())
+        return t
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> dict[int, list[float]] | None:
+        """Teacher-forced log-probs of every completion token. Returns {sequence index: [logp...]} on the
+        ranks that hold results (last pipeline stage, TP rank 0); None elsewhere."""
+        seqs = batch.sequences
+        seq_len = self._seq_len(seqs)
+        mbs = self._micro_batches(seqs, self._dp_slice(seqs), None, seq_len)
+
+        def loss_fn(mb, output):
+            return output.new_zeros(()), {"index": mb["index"], "logp": (-output.float()).cpu()}
+
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True)
+        if not self._reporting_rank():
+            return None
+        result: dict[int, list[float]] = {}
+        for d in out:
+            for row, i in enumerate(d["index"]):
+                p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)
+                result[i] = d["logp"][row, p - 1:p - 1 + c].tolist()
+        return result
+
+    @torch.no_grad()
+    def logits(self, token_lists: list[list[int]]) -> list[torch.Tensor] | None:
+        """Full-vocabulary logits [len, vocab] per sequence (TP shards gathered); None off the reporting ranks.
+        For checking conversions against another implementation."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        seqs = [TrainSequence(t + [0], []) for t in token_lists]  # _micro_batches drops the last token
+        seq_len = self._seq_len(seqs)
+        mbs = self._micro_batches(seqs, list(range(len(seqs))), None, seq_len)
+
+        def loss_fn(mb, output):
+            full = gather_from_tensor_model_parallel_region(output.float())
+            return output.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
+
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=False)
+        if not self._reporting_rank():
+            return None
+        result = {}
+        for d in out:
+            for row, i in enumerate(d["index"]):
+                result[i] = d["logits"][row, : len(token_lists[i])]
+        return [result[i] for i in range(len(token_lists))]
+
+    def publish(self, out_dir: str, node: str, shard_bytes: int) -> dict:
+        """Convert this rank's weights to HF names and layout and write them as safetensors shards.
+        Data-parallel replicas do not write: dense weights come from data-parallel rank 0, experts from
+        expert-data-parallel rank 0 of each expert-parallel rank. Rank 0 also copies config and tokenizer.
+        Returns {"shards": [ShardRecord as dict], "aux_files": [names]}."""
+        from dataclasses import asdict
+
+        from ckpt_transfer.convert import family
+        from ckpt_transfer.writer import copy_aux_files, write_shards
+
+        layout = self.layout()
+        aux: list[str] = []
+        if self.rank == 0:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            aux = copy_aux_files(self.spec.hf_dir, out_dir)
+        if not (layout.writes_dense or (self.config.num_moe_experts and layout.writes_experts)):
+            return {"shards": [], "aux_files": aux}
+        stream = family(self.hf_config).megatron_to_hf(self.module.named_parameters(), self.hf_config, layout)
+        prefix = f"model-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
+        records = write_shards(stream, out_dir, node=node, prefix=prefix, shard_bytes=shard_bytes,
+                               dtype=self.spec.dtype)
+        return {"shards": [asdict(r) for r in records], "aux_files": aux}
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _layout_record(self) -> dict:
+        s = self.spec
+        return {"tp": s.tp, "pp": s.pp, "ep": s.ep, "moe": bool(self.config.num_moe_experts)}
+
+    def _sharded_state(self, is_loading: bool, with_rng: bool = True) -> dict:
+        from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+        ps = self.ps
+        model_sd = self.module.sharded_state_dict()
+        rng = {"cpu": torch.get_rng_state()}
+        if self.spec.device == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        rng["tracker"] = get_cuda_rng_tracker().get_states()
+        pos = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+               ps.get_expert_model_parallel_rank())
+        shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
+                 ps.get_expert_model_parallel_world_size())
+        state = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)}
+        if with_rng:
+            # ranks that share (pp, tp, ep) coordinates hold copies: they form the expert-data-parallel group
+            state["rng"] = ShardedObject("rng_state", rng, shape, pos, replica_id=ps.get_expert_data_parallel_rank())
+        return state
+
+    def save_checkpoint(self, ckpt_dir: str) -> None:
+        from megatron.core import dist_checkpointing
+
+        target = Path(ckpt_dir) / "megatron"
+        if self.rank == 0:
+            target.mkdir(parents=True, exist_ok=True)
+            (Path(ckpt_dir) / "layout.json").write_text(json.dumps(self._layout_record()))
+        torch.distributed.barrier()
+        dist_checkpointing.save(self._sharded_state(is_loading=False), str(target))
+        torch.distributed.barrier()
+
+    def load_checkpoint(self, ckpt_dir: str) -> None:
+        """Load model, optimizer and RNG. A dense checkpoint may be loaded into another TP/PP layout
+        (Megatron's distributed checkpoint reshards; RNG streams, which are per rank, are then re-seeded)."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        from trainer.megatron.model import LayoutError
+
+        saved_file = Path(ckpt_dir) / "layout.json"
+        saved = json.loads(saved_file.read_text()) if saved_file.exists() else self._layout_record()
+        same_layout = saved == self._layout_record()
+        if not same_layout and saved.get("moe"):
+            raise LayoutError(
+                f"{ckpt_dir} holds a mixture-of-experts checkpoint saved with tp={saved['tp']} pp={saved['pp']} "
+                f"ep={saved['ep']}; megatron-core 0.19.2 cannot reshard its optimizer state into tp={self.spec.tp} "
+                f"pp={self.spec.pp} ep={self.spec.ep}: resume with the saved trainer.parallel layout")
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True, with_rng=same_layout),
+                                        str(Path(ckpt_dir) / "megatron"))
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if not same_layout:
+            return
+        rng = state["rng"]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and self.spec.device == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+        get_cuda_rng_tracker().set_states(rng["tracker"])
+
+    def parameter_digest(self) -> str:
+        """sha256 over this rank's parameters (names and bytes): equal digests mean equal weights."""
+        h = hashlib.sha256()
+        for name, p in sorted(self.module.named_parameters()):
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def ready(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,100 @@
+"""Build a tiny Hugging Face model directory (Qwen2 architecture, random init) with a tokenizer trained
+locally on a text corpus. Used when no `model.path` is configured: tests and the quickstart need a model and
+this machine reaches no model hub. The directory is a normal HF checkpoint, loaded by the same code as a
+real model."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    architecture: str = "qwen2"  # or "mixtral" (mixture of experts)
+    num_experts: int = 4
+    experts_per_token: int = 2
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False
+    init_std: float = 0.02
+    vocab_multiple: int = 64  # pad the vocabulary so any TP degree up to 64 divides it
+    seed: int = 0
+
+
+def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    # Digits one per token and no merges across punctuation: arithmetic stays learnable for a tiny model.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.splitlines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=None)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinySpec = TinySpec()) -> Path:
+    """Create (or reuse, when the same spec and corpus were built before) a tiny HF model directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config
+
+    out_dir = Path(out_dir)
+    key = hashlib.sha256(json.dumps([asdict(spec), corpus]).encode()).hexdigest()[:16]
+    stamp = out_dir / ".tide-tiny"
+    if stamp.exists() and stamp.read_text() == key:
+        return out_dir
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+
+    tok = train_tokenizer(corpus, tmp)
+    vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.init_std,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+        torch_dtype="float32",
+    )
+    if spec.architecture == "qwen2":
+        config = Qwen2Config(**common)
+    elif spec.architecture == "mixtral":
+        config = MixtralConfig(**common, num_local_experts=spec.num_experts,
+                               num_experts_per_tok=spec.experts_per_token, router_aux_loss_coef=0.0)
+    else:
+        raise ValueError(f"unknown tiny architecture {spec.architecture!r} (qwen2 or mixtral)")
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+    model.save_pretrained(tmp, safe_serialization=True)
+    (tmp / ".tide-tiny").write_text(key)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
