@@ -1,0 +1,106 @@
+"""Shared types of the Megatron <-> Hugging Face conversion."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where a trainer rank sits. `layer_map` maps a local decoder layer index to its global index (this
+    removes pipeline parallelism); experts are renumbered with ep_rank/ep_size (removes expert parallelism)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
+    dp_rank: int = 0
+    expert_dp_rank: int = 0
+    layer_map: Mapping[int, int] | None = None  # None: local index == global index
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def writes_dense(self) -> bool:
+        """Data-parallel replicas hold the same dense weights: only the first writes them."""
+        return self.dp_rank == 0
+
+    @property
+    def writes_experts(self) -> bool:
+        return self.expert_dp_rank == 0
+
+    def global_layer(self, local: int) -> int:
+        return local if self.layer_map is None else self.layer_map[local]
+
+
+@dataclass
+class HFTensor:
+    """One element of the HF tensor stream: a tensor in Hugging Face naming and layout, possibly a TP shard.
+    tp_dim is None for tensors that are whole (replicated across TP ranks)."""
+
+    name: str
+    tensor: torch.Tensor
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_dim: int | None = None
+
+
+class ConversionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+
+    @classmethod
+    def from_hf(cls, cfg: Any) -> "AttentionShape":
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, cfg.hidden_size)
+
+
+def tp_slice(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    if t.shape[dim] % size:
+        raise ConversionError(f"dimension {dim} of size {t.shape[dim]} is not divisible by TP={size}")
+    return t.chunk(size, dim=dim)[rank].contiguous()
+
+
+def split_qkv(qkv: torch.Tensor, att: AttentionShape, tp_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's fused QKV (per query group: its query heads, then one key, then one value head) of one TP
+    rank -> that rank's q, k, v rows. Works for weights [rows, hidden] and biases [rows]."""
+    groups = att.num_kv_heads // tp_size
+    q_per_group = att.num_heads // att.num_kv_heads
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, q_per_group + 2, att.head_dim, *rest)
+    q = grouped[:, :q_per_group].reshape(groups * q_per_group * att.head_dim, *rest)
+    k = grouped[:, q_per_group].reshape(groups * att.head_dim, *rest)
+    v = grouped[:, q_per_group + 1].reshape(groups * att.head_dim, *rest)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, att: AttentionShape, tp_size: int) -> torch.Tensor:
+    """Inverse of split_qkv for one TP rank's q, k, v rows."""
+    groups = att.num_kv_heads // tp_size
+    q_per_group = att.num_heads // att.num_kv_heads
+    rest = q.shape[1:]
+    qg = q.reshape(groups, q_per_group, att.head_dim, *rest)
+    kg = k.reshape(groups, 1, att.head_dim, *rest)
+    vg = v.reshape(groups, 1, att.head_dim, *rest)
+    return torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest).contiguous()
+
+
+TensorGetter = Callable[[str], torch.Tensor]
+HFStream = Iterator[HFTensor]

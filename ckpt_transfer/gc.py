@@ -1,0 +1,60 @@
+"""Garbage collection of old iterations in a node's shm root (`<root>/<run>/<iteration>/`)."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from ckpt_transfer.manifest import MANIFEST_FILE
+from ckpt_transfer.transport import PARTIAL_SUFFIX
+
+
+def iteration_dirs(run_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Iteration directories (numeric names) under `run_root`, oldest first."""
+    root = Path(run_root)
+    if not root.is_dir():
+        return []
+    out = [(int(p.name), p) for p in root.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(out)
+
+
+def complete_iterations(run_root: str | os.PathLike[str]) -> list[int]:
+    """Iterations whose manifest is present (written last, so the directory is complete)."""
+    return [it for it, p in iteration_dirs(run_root) if (p / MANIFEST_FILE).exists()]
+
+
+def remove_iteration(path: str | os.PathLike[str]) -> None:
+    """Remove an iteration directory, manifest first so it never looks complete while half-deleted."""
+    p = Path(path)
+    (p / MANIFEST_FILE).unlink(missing_ok=True)
+    shutil.rmtree(p, ignore_errors=True)
+
+
+def gc_iterations(run_root: str | os.PathLike[str], keep_last: int, protect: Iterable[int] = ()) -> list[int]:
+    """Keep the newest `keep_last` iterations (and those in `protect`, e.g. the one vLLM is serving);
+    remove the older ones. Returns the removed iteration numbers."""
+    if keep_last < 1:
+        raise ValueError("keep_last must be >= 1")
+    dirs = iteration_dirs(run_root)
+    keep = {it for it, _ in dirs[-keep_last:]} | set(protect)
+    removed = []
+    for it, p in dirs:
+        if it not in keep:
+            remove_iteration(p)
+            removed.append(it)
+    return removed
+
+
+def remove_partials(root: str | os.PathLike[str]) -> list[Path]:
+    """Delete leftover `*.partial` files (a puller that died mid-transfer) under `root`."""
+    gone = []
+    for p in Path(root).rglob(f"*{PARTIAL_SUFFIX}"):
+        p.unlink(missing_ok=True)
+        gone.append(p)
+    return gone
+
+
+def shm_usage(root: str | os.PathLike[str]) -> int:
+    """Bytes held by regular files under `root`."""
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
