@@ -1,0 +1,424 @@
+"""The rollout engine: one vLLM `LLM` whose V1 EngineCore runs in a child process ("the engine process").
+
+`RolloutEngine` is a plain class; the orchestrator runs it as a Ray actor (`ray.remote(num_cpus=0)`). It
+generates samples with the log-probs of the sampled tokens, scores given sequences teacher-forced, swaps
+weights (`sync`: restart or in-place reload of a verified published iteration) and restarts the engine
+process on the latest verified weights when it dies. vLLM is imported lazily so that importing this module
+(e.g. for `EngineConfig`) stays cheap.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, TypeVar
+
+from ckpt_transfer.manifest import Manifest
+
+from .checkpoint import CheckpointError, engine_checkpoint_dir, layout_difference, tensor_layout, verify_manifest
+from .engine_proc import DeathWatch, engine_segments, pids_alive, process_tree, remove_segments
+from .samples import Sample, Samples
+from .tasks.base import Problem
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SyncMode = Literal["restart", "reload"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a call (it kept dying, or failed to start)."""
+
+
+class SyncError(RuntimeError):
+    """A sync was refused or failed; the engine still serves the previous verified weights."""
+
+
+@dataclass
+class EngineConfig:
+    tp: int = 1
+    dtype: str = "float32"  # bf16 is slower on CPU and drifts from the float32 trainer
+    kv_cache_gb: float = 0.25
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    enforce_eager: bool = True  # torch.compile costs 30-150 s of start-up on CPU for ~10%
+    deterministic: bool = False  # disables prefix caching: every prompt is recomputed, same path every time
+    max_engine_restarts: int = 2  # per generate/score call, when the engine process dies
+    start_timeout_s: float = 600.0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None  # tokens per engine step; None: vLLM's default for unsplit prefill
+    cache_root: str | None = None  # VLLM_CACHE_ROOT; default <project>/.cache/vllm
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.kv_cache_gb <= 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.max_engine_restarts < 0:
+            raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """Per-request sampling seed: a pure function of (seed, prompt, sample), so a sample does not depend on
+    how requests are batched or whether the engine was restarted in between."""
+    digest = hashlib.blake2b(f"{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _token_logprob(entry: Any, token: int) -> float:
+    return float(entry[token].logprob)
+
+
+def _threads_bind(tp: int) -> str:
+    """One OpenMP core group per TP worker, e.g. '0|1' for tp=2 on two cores (the default 'auto' binding
+    refuses to put two workers on one NUMA node)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < tp:
+        raise ValueError(f"tp={tp} needs at least {tp} CPUs, this process may use {len(cpus)}")
+    per = len(cpus) // tp
+    groups = [cpus[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(",".join(map(str, g)) for g in groups)
+
+
+class RolloutEngine:
+    def __init__(self, model_dir: str, cfg: EngineConfig | None = None) -> None:
+        self.cfg = cfg or EngineConfig()
+        self._checkpoint_dir = Path(model_dir)  # latest verified weights: restarts always go back here
+        self._iteration: int | None = None
+        self._llm: Any = None
+        self._watch: DeathWatch | None = None
+        self._pids: list[int] = []
+        self._segments: set[str] = set()
+        self._private_tmp: Path | None = None
+        self._starts = 0
+        self._deaths = 0
+        self.last_start_s = 0.0
+        self._closed = False
+        self._scratch: Path | None = None  # a merged-TP directory we wrote for the current weights
+        self._layout: dict = {}  # tensor names/dtypes/shapes of the weights being served
+        # generate/score/sync/shutdown take turns (the actor may run with max_concurrency > 1 so that
+        # engine_pid/info answer while a generate runs).
+        self._lock = threading.RLock()
+        self._configure_env()
+        if not (self._checkpoint_dir / "config.json").is_file():
+            raise EngineError(f"{self._checkpoint_dir} is not a Hugging Face model directory (no config.json)")
+        self._layout = tensor_layout(self._checkpoint_dir)
+        self._start(self._checkpoint_dir)
+        atexit.register(self.shutdown)
+
+    # ------------------------------------------------------------------ public API
+
+    def generate(
+        self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> Samples:
+        """`n_samples` completions per problem with the raw log-prob (log-softmax of the unprocessed
+        logits, what a trainer computes) of every sampled token. Sample.prompt_index = problem index."""
+        if n_samples < 1 or max_new_tokens < 1:
+            raise ValueError("n_samples and max_new_tokens must be >= 1")
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=0,
+                seed=sample_seed(seed, i, j), logprobs=0, detokenize=False,
+            )
+            for i in range(len(problems)) for j in range(n_samples)
+        ]
+        prompts = [p.prompt for p in problems for _ in range(n_samples)]
+        if not prompts:
+            return Samples()
+        with self._lock:
+            outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+        # One decode of the whole completion (vLLM's incremental detokenizer holds back a trailing partial
+        # UTF-8 sequence); special tokens such as EOS are dropped.
+        tokenizer = self._llm.get_tokenizer()
+        items = []
+        for k, out in enumerate(outputs):
+            i = k // n_samples
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise EngineError(f"vLLM returned {len(c.logprobs or [])} log-probs for {len(ids)} tokens")
+            items.append(Sample(
+                prompt_index=i, task_id=problems[i].task_id, prompt_ids=list(out.prompt_token_ids),
+                completion_ids=ids, logprobs=[_token_logprob(e, t) for e, t in zip(c.logprobs, ids)],
+                text=tokenizer.decode(ids, skip_special_tokens=True), answer=problems[i].answer, finish_reason=str(c.finish_reason or ""),
+            ))
+        return Samples(items)
+
+    def score_sequences(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced raw log-prob of each completion token given its prompt and the tokens before it."""
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        from vllm import SamplingParams, TokensPrompt
+
+        todo = [k for k, c in enumerate(completion_ids) if c]
+        result: list[list[float]] = [[] for _ in prompt_ids]
+        if not todo:
+            return result
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[k]) + list(completion_ids[k])) for k in todo]
+        with self._lock:
+            outputs = self._call("score_sequences", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+        for k, out in zip(todo, outputs):
+            start, comp = len(prompt_ids[k]), completion_ids[k]
+            entries = out.prompt_logprobs[start:start + len(comp)]
+            result[k] = [_token_logprob(e, t) for e, t in zip(entries, comp)]
+        return result
+
+    def sync(self, manifest: Manifest, mode: SyncMode = "reload") -> dict:
+        """Load a published iteration: `restart` stops the engine process and starts a new one on it,
+        `reload` loads the weights into the running engine. The files are verified first; on any failure the
+        engine keeps serving the previous verified weights and SyncError names the problem."""
+        if mode not in ("restart", "reload"):
+            raise ValueError(f"sync mode must be 'restart' or 'reload', got {mode!r}")
+        with self._lock:
+            if self._closed:
+                raise EngineError("engine was shut down")
+            t0 = time.monotonic()
+            try:
+                nbytes = verify_manifest(manifest)
+                path = engine_checkpoint_dir(manifest, f"engine-whole-{os.getpid()}")
+                layout = tensor_layout(path)
+                # In-place loading needs the same tensors; a failed reload_weights also breaks vLLM's later
+                # reloads, so catch a mismatch before the engine sees it.
+                if mode == "reload" and (why := layout_difference(layout, self._layout)):
+                    raise CheckpointError(f"cannot be loaded in place: {why}")
+            except CheckpointError as e:
+                raise SyncError(f"refused {manifest.run} iteration {manifest.iteration}: {e}; "
+                                f"still serving {self._checkpoint_dir}") from None
+            t1 = time.monotonic()
+            if mode == "reload":
+                self._reload(path, manifest.iteration)
+            else:
+                self._restart_on(path, manifest.iteration)
+            t2 = time.monotonic()
+            old_scratch = self._scratch
+            self._scratch = path if path != Path(manifest.directory) else None
+            self._checkpoint_dir, self._iteration, self._layout = path, manifest.iteration, layout
+            if old_scratch is not None and old_scratch != path:
+                shutil.rmtree(old_scratch, ignore_errors=True)
+        return {"mode": mode, "iteration": manifest.iteration, "bytes": nbytes,
+                "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
+
+    def engine_pid(self) -> int:
+        if self._llm is None:
+            raise EngineError("engine is not running")
+        return self._engine_proc().pid
+
+    def info(self) -> dict:
+        """State for callers and tests; answers without waiting for a running call (no lock)."""
+        llm = self._llm
+        return {
+            "checkpoint_dir": str(self._checkpoint_dir),
+            "iteration": self._iteration,
+            "engine_pid": self._engine_proc().pid if llm is not None else None,
+            "starts": self._starts,
+            "engine_deaths": self._deaths,
+            "last_start_s": self.last_start_s,
+            "block_size": llm.llm_engine.vllm_config.cache_config.block_size if llm is not None else None,
+            "max_model_len": llm.llm_engine.vllm_config.model_config.max_model_len if llm is not None else None,
+            "unfinished_requests": llm.llm_engine.get_num_unfinished_requests() if llm is not None else 0,
+        }
+
+    def shutdown(self) -> None:
+        """Stop the engine process and remove what it left in shared memory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._teardown()
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+    # ------------------------------------------------------------------ engine lifecycle
+
+    def _configure_env(self) -> None:
+        cfg = self.cfg
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+        os.environ.setdefault("VLLM_CACHE_ROOT", cfg.cache_root or str(_PROJECT_ROOT / ".cache" / "vllm"))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # vLLM waits this long for its workers to exit before killing them (default 5 s, and they never
+        # made it in time here): a restart would otherwise spend 5 s on teardown.
+        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        # Read once when vLLM is first imported in this process.
+        os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.start_timeout_s))
+        if cfg.tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(cfg.tp)
+        os.environ.update(cfg.extra_env)
+
+    def _llm_kwargs(self) -> dict:
+        cfg = self.cfg
+        kw: dict[str, Any] = dict(
+            tensor_parallel_size=cfg.tp, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
+            kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not cfg.deterministic,
+            logprobs_mode="raw_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
+            # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
+            # discarded and its generator rewound with set_offset, which CPU generators do not support
+            # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.
+            enable_chunked_prefill=False,
+        )
+        if cfg.max_num_batched_tokens is not None:
+            kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        if cfg.max_model_len is not None:
+            kw["max_model_len"] = cfg.max_model_len
+        if cfg.max_num_seqs is not None:
+            kw["max_num_seqs"] = cfg.max_num_seqs
+        return kw
+
+    def _start(self, path: Path) -> None:
+        from vllm import LLM
+
+        t0 = time.monotonic()
+        base_tmp = Path(tempfile.gettempdir())  # also pins this process's own tempdir before TMPDIR changes
+        self._starts += 1
+        private = base_tmp / "tide-rollout" / f"{os.getpid()}-{self._starts}"
+        private.mkdir(parents=True, exist_ok=True)
+        old_tmp = os.environ.get("TMPDIR")
+        # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
+        os.environ["TMPDIR"] = str(private)
+        try:
+            llm = LLM(str(path), **self._llm_kwargs())
+        except Exception as e:
+            remove_segments(set(), private)
+            raise EngineError(f"vLLM failed to start on {path}: {type(e).__name__}: {e}") from e
+        finally:
+            if old_tmp is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = old_tmp
+        self._llm, self._private_tmp = llm, private
+        proc = self._engine_proc()
+        self._pids = process_tree(proc.pid)
+        self._segments = engine_segments(self._pids)
+        client = llm.llm_engine.engine_core
+        self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
+        self.last_start_s = time.monotonic() - t0
+        log.info("vLLM engine pid %d on %s started in %.1f s", proc.pid, path, self.last_start_s)
+
+    def _engine_proc(self):
+        return self._llm.llm_engine.engine_core.resources.engine_manager.processes[0]
+
+    def _alive(self) -> bool:
+        llm = self._llm
+        if llm is None or self._watch is None or self._watch.dead.is_set():
+            return False
+        return not llm.llm_engine.engine_core.resources.engine_dead and self._engine_proc().is_alive()
+
+    def _teardown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        if self._watch is not None:
+            self._watch.expected = True
+        pids = process_tree(self._pids[0]) if self._pids else []
+        self._segments |= engine_segments(pids)
+        tracked = set(self._pids) | set(pids)
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception as e:  # a dead engine may fail half-way through its own shutdown
+            log.warning("engine shutdown raised %s: %s", type(e).__name__, e)
+        # vLLM kills the engine core; its workers follow on their own. Wait for them (bounded), then make sure.
+        deadline = time.monotonic() + 10
+        while pids_alive(list(tracked)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in pids_alive(list(tracked)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        remove_segments(self._segments, self._private_tmp)
+        self._segments, self._pids, self._private_tmp, self._watch = set(), [], None, None
+        del llm
+
+    def _call(self, what: str, fn: Callable[[Any], _T]) -> _T:
+        """Run fn(llm); if the engine process dies (before or during the call), start a new one on the latest
+        verified weights and retry, at most cfg.max_engine_restarts times."""
+        if self._closed:
+            raise EngineError("engine was shut down")
+        restarts, last_error = 0, None
+        while True:
+            if not self._alive():
+                if restarts >= self.cfg.max_engine_restarts:
+                    raise EngineError(
+                        f"{what}: the vLLM engine process died {restarts + 1} times during one call "
+                        f"(max_engine_restarts={self.cfg.max_engine_restarts}); last error: {last_error!r}"
+                    )
+                restarts += 1
+                self._deaths += 1
+                log.warning("%s: engine process is dead, restarting on %s (attempt %d)", what,
+                            self._checkpoint_dir, restarts)
+                self._teardown()
+                self._start(self._checkpoint_dir)
+            try:
+                return fn(self._llm)
+            except Exception as e:
+                if self._alive():
+                    raise
+                last_error = e
+
+    def _reload(self, path: Path, iteration: int) -> None:
+        if not self._alive():
+            self._restart_on(path, iteration)
+            return
+        try:
+            self._load_in_place(path)
+        except Exception as e:
+            detail = f"{type(e).__name__}: {e}"
+            self._recover()
+            raise SyncError(f"reload of iteration {iteration} from {path} failed ({detail}); "
+                            f"still serving {self._checkpoint_dir}") from None
+
+    def _load_in_place(self, path: Path) -> None:
+        llm = self._llm
+        llm.collective_rpc("reload_weights", timeout=self.cfg.start_timeout_s, kwargs={"weights_path": str(path)})
+        # Without this, prompts longer than one KV block reuse KV computed with the old weights.
+        if not llm.reset_prefix_cache():
+            raise EngineError("reset_prefix_cache refused (requests still running)")
+
+    def _restart_on(self, path: Path, iteration: int) -> None:
+        self._teardown()
+        try:
+            self._start(path)
+        except Exception as e:
+            detail = f"{type(e).__name__}: {e}"
+            self._recover()
+            raise SyncError(f"restart on iteration {iteration} from {path} failed ({detail}); "
+                            f"still serving {self._checkpoint_dir}") from None
+
+    def _recover(self) -> None:
+        """Back to the latest verified weights after a failed sync (the engine may hold partial weights)."""
+        if self._alive():
+            try:
+                self._load_in_place(self._checkpoint_dir)
+                return
+            except Exception as e:
+                log.warning("reloading the previous weights failed (%s); restarting the engine", e)
+        self._teardown()
+        self._start(self._checkpoint_dir)
+
+
+def _wake_client(client: Any) -> None:
+    """Fail whatever the client is blocked on, so the caller sees the engine's death instead of hanging."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    client.resources.engine_dead = True
+    client.outputs_queue.put_nowait(EngineDeadError())
+    for fut in list(getattr(client, "utility_results", {}).values()):
+        if not fut.done():
+            fut.set_exception(EngineDeadError())

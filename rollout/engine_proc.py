@@ -1,0 +1,124 @@
+"""Engine process bookkeeping that vLLM does not do for us: which processes form one engine, which shared
+memory segments they created, and noticing that the engine core died while the client waits on it."""
+from __future__ import annotations
+
+import os
+import threading
+from multiprocessing import shared_memory
+from multiprocessing.connection import wait
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+# vLLM's shared-memory broadcast queues (Python SharedMemory) and torch file stores. Only segments that
+# processes of one engine have mapped or opened are attributed to it.
+_SEGMENT_PREFIXES = ("psm_", "vllm_dist_")
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its live descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def _segments_of(pid: int) -> set[str]:
+    found: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                if "/dev/shm/" not in line or line.rstrip().endswith("(deleted)"):
+                    continue
+                found.add(line.split()[-1])
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/") and not target.endswith("(deleted)"):
+                found.add(target)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return {p for p in found if Path(p).name.startswith(_SEGMENT_PREFIXES)}
+
+
+def engine_segments(pids: list[int]) -> set[str]:
+    """Shared-memory segment paths currently mapped or open in any of `pids`."""
+    out: set[str] = set()
+    for p in pids:
+        out |= _segments_of(p)
+    return out
+
+
+def remove_segments(paths: set[str], private_tmp: Path | None = None) -> list[str]:
+    """Unlink segments left behind by a dead engine (each path was attributed to it while it ran)."""
+    removed = []
+    for path in sorted(paths):
+        name = Path(path).name
+        if not Path(path).exists():
+            continue
+        try:
+            if name.startswith("psm_"):
+                # Unlinking through SharedMemory also drops it from this process's resource tracker.
+                seg = shared_memory.SharedMemory(name=name)
+                seg.close()
+                seg.unlink()
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except (FileNotFoundError, OSError):
+            pass
+    if private_tmp is not None and private_tmp.is_dir():
+        for p in private_tmp.iterdir():
+            try:
+                p.unlink()
+                removed.append(str(p))
+            except OSError:
+                pass
+        try:
+            private_tmp.rmdir()
+        except OSError:
+            pass
+    return removed
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                alive.append(p)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return alive
+
+
+class DeathWatch:
+    """Waits on the engine core's process sentinel. When the process exits while nobody asked it to, calls
+    `on_death` so that a client blocked on the engine wakes up (vLLM's own monitor shuts the client down
+    without waking a blocked `get_output`)."""
+
+    def __init__(self, sentinel: int, on_death) -> None:
+        self.expected = False
+        self.dead = threading.Event()
+        self._on_death = on_death
+        self._thread = threading.Thread(target=self._run, args=(sentinel,), daemon=True, name="engine-deathwatch")
+        self._thread.start()
+
+    def _run(self, sentinel: int) -> None:
+        try:
+            wait([sentinel])
+        except OSError:
+            pass
+        self.dead.set()
+        if not self.expected:
+            self._on_death()

@@ -1,0 +1,38 @@
+"""Samples: the batch that flows rollout -> reward -> train. No torch/vLLM imports; pickles through Ray."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    prompt_index: int  # index of the prompt in this iteration's batch; samples of one prompt form a group
+    task_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # rollout policy log-prob of each completion token
+    text: str = ""
+    answer: str = ""  # the task's reference answer (or a test spec) the verifier reads
+    reward: float = 0.0
+    finish_reason: str = ""
+
+
+@dataclass
+class Samples:
+    items: list[Sample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.items]
+
+    def groups(self) -> dict[int, list[Sample]]:
+        out: dict[int, list[Sample]] = {}
+        for s in self.items:
+            out.setdefault(s.prompt_index, []).append(s)
+        return out

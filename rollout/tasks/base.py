@@ -1,0 +1,33 @@
+"""Tasks: where prompts come from and how completions are scored.
+
+A task hands out `Problem`s deterministically from (seed, iteration) so that a resumed run sees exactly
+the prompts an uninterrupted one would, and scores completions with a verifier returning rewards in [0, 1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str
+    answer: str  # reference answer, or a JSON test spec for coding tasks
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def problems(self, seed: int, iteration: int, n: int) -> list[Problem]:
+        """n problems for this iteration; a pure function of (seed, iteration, n)."""
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        """One reward in [0, 1] per (problem, completion) pair."""
+
+    def corpus(self) -> str:
+        """Representative text (prompts and answers) used to train the tiny tokenizer."""
+
+    def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
+        """(prompt, completion) pairs for the optional supervised warm start."""

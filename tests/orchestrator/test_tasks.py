@@ -1,0 +1,42 @@
+import json
+
+import pytest
+
+from rollout.tasks import AdditionTask, JsonlTask, ReverseTask, TaskDataError, numeric_match
+
+
+def test_problems_are_a_pure_function_of_seed_and_iteration():
+    t = AdditionTask(2)
+    assert t.problems(1, 5, 8) == t.problems(1, 5, 8)
+    assert t.problems(1, 5, 8) != t.problems(1, 6, 8)
+    assert t.problems(1, 5, 8) != t.problems(2, 5, 8)
+
+
+def test_addition_and_reverse_scores():
+    a = AdditionTask(1)
+    p = a.problems(0, 0, 1)[0]
+    assert a.score([p, p], [p.answer, p.answer + "1"]) == [1.0, 0.0]
+    r = ReverseTask(3)
+    q = r.problems(0, 0, 1)[0]
+    assert q.answer == q.prompt[len("reverse "):-1][::-1]
+
+
+def test_jsonl_loader(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": i}) for i in range(5)))
+    t = JsonlTask(str(f))
+    first = t.problems(0, 0, 5)
+    assert sorted(p.prompt for p in first) == [f"q{i}" for i in range(5)]  # one epoch covers every line once
+    assert t.score(first[:1], [first[0].answer]) == [1.0]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n')
+    with pytest.raises(TaskDataError, match="bad.jsonl:1"):
+        JsonlTask(str(bad))
+    with pytest.raises(TaskDataError, match="not found"):
+        JsonlTask(str(tmp_path / "none.jsonl"))
+
+
+def test_numeric_match():
+    assert numeric_match("0.75", "3/4") == 1.0
+    assert numeric_match("1,000", "1000") == 1.0
+    assert numeric_match("abc", "1") == 0.0

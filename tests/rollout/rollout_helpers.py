@@ -1,0 +1,71 @@
+"""Helpers for the rollout tests: iterations shaped like a publish, and a transformers reference."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ckpt_transfer.manifest import Manifest, ShardRecord, TensorRecord
+
+WEIGHTS = "model.safetensors"
+
+
+def publish_like(src: Path, directory: Path, iteration: int,
+                 transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None, run: str = "test") -> Manifest:
+    """Write `src`'s weights (optionally transformed) as one whole-tensor shard plus config and tokenizer
+    files into `directory`, with a manifest, the way publish lays out an iteration."""
+    from safetensors.torch import load_file, save_file
+
+    from ckpt_transfer.checksum import checksum_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(str(src / WEIGHTS))
+    if transform is not None:
+        tensors = {name: transform(name, t).contiguous() for name, t in tensors.items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
+    aux = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix in (".json", ".jinja")
+                 and p.name != "manifest.json")
+    for name in aux:
+        shutil.copyfile(src / name, directory / name)
+    shard = ShardRecord(
+        file=WEIGHTS, node="local", nbytes=(directory / WEIGHTS).stat().st_size,
+        checksum=checksum_file(directory / WEIGHTS),
+        tensors=tuple(TensorRecord(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors.items()),
+    )
+    manifest = Manifest(run=run, iteration=iteration, directory=str(directory), shards=[shard], aux_files=aux)
+    manifest.save()
+    return manifest
+
+
+def perturb(seed: int, scale: float) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """Adds seeded Gaussian noise to every matrix: a checkpoint that clearly changes the model's outputs."""
+    def apply(name: str, t: torch.Tensor) -> torch.Tensor:
+        if t.dim() < 2:
+            return t
+        g = torch.Generator().manual_seed(seed + sum(map(ord, name)))
+        return t + scale * torch.randn(t.shape, generator=g, dtype=t.dtype)
+    return apply
+
+
+class HFReference:
+    """Teacher-forced log-probs from transformers on an HF directory (float32)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+        logits = self.model(ids).logits[0].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        start = len(prompt_ids)
+        return [lp[start + i - 1, tok].item() for i, tok in enumerate(completion_ids)]
+
+
+def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(x) for x in a] == [len(y) for y in b]
+    return max((abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys)), default=0.0)
