@@ -1,0 +1,97 @@
+"""HTTP client of the sandbox service (httpx), with retries on connection errors and 503 overload answers."""
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import httpx
+
+from .models import BatchResult, Health, Limits, RunRequest, RunResult
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+class SandboxClient:
+    """Synchronous client. Safe to share between threads (httpx.Client is)."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8600", token: str | None = None, timeout_s: float = 120.0,
+                 retries: int = 5, backoff_s: float = 0.2):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.retries, self.backoff_s = retries, backoff_s
+        self._max_batch: int | None = None
+        self._http = httpx.Client(base_url=self.url, headers=headers,
+                                  timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SandboxClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+            try:
+                r = self._http.request(method, path, json=json)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                # Nothing ran if the connection failed; a dropped answer means the run may be repeated,
+                # which is harmless for a judge.
+                last = exc
+            else:
+                if r.status_code == 503:
+                    last = SandboxError(f"overloaded: {r.text}")
+                    delay = max(delay, float(r.headers.get("retry-after", 0) or 0))
+                elif r.status_code >= 400:
+                    raise SandboxError(f"{method} {path}: HTTP {r.status_code}: {r.text[:500]}")
+                else:
+                    return r
+            if attempt < self.retries:
+                time.sleep(delay)
+        raise SandboxError(f"{method} {path} failed after {self.retries + 1} attempts: {last}")
+
+    def run(self, language: str, code: str, *, stdin: str = "", tests: list[str] | None = None,
+            files: dict[str, str] | None = None, limits: Limits | dict | None = None,
+            image: str | None = None) -> RunResult:
+        req = RunRequest(language=language, code=code, stdin=stdin, tests=tests or [], files=files or {},
+                         limits=Limits.model_validate(limits or {}), image=image)
+        return self.run_request(req)
+
+    def run_request(self, req: RunRequest) -> RunResult:
+        r = self._request("POST", "/run", json=req.model_dump(mode="json", exclude_none=True))
+        return RunResult.model_validate(r.json())
+
+    def run_batch(self, reqs: list[RunRequest]) -> list[RunResult]:
+        """Run many; split into chunks the server accepts (its slots plus queue), sent one after another."""
+        if self._max_batch is None:
+            self._max_batch = max(1, self.health().max_batch)
+        out: list[RunResult] = []
+        for i in range(0, len(reqs), self._max_batch):
+            chunk = reqs[i:i + self._max_batch]
+            body = {"runs": [q.model_dump(mode="json", exclude_none=True) for q in chunk]}
+            out += BatchResult.model_validate(self._request("POST", "/run_batch", json=body).json()).results
+        return out
+
+    def health(self) -> Health:
+        return Health.model_validate(self._request("GET", "/health").json())
+
+    def wait_ready(self, timeout_s: float = 60.0) -> Health:
+        """Poll /health until it answers or the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                r = self._http.get("/health", timeout=2.0)
+                if r.status_code == 200:
+                    return Health.model_validate(r.json())
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SandboxError(f"sandbox at {self.url} not ready after {timeout_s} s")
+            time.sleep(0.05)

@@ -1,0 +1,468 @@
+"""The execution engine: a pool of worker threads, each owning one cgroup slot, running crun.
+
+Per execution, on the slot's mount points: a tmpfs for the overlay's upper layer (size = disk limit), a
+separate small tmpfs for captured stdout/stderr, stdin and the OCI bundles, and the overlay (image lower +
+upper) as the container root. Compiled languages run a compile step and a run step on the same overlay.
+Afterwards the three mounts (and with them every file of the run) are removed, crun state is checked gone,
+and the slot is checked empty before it takes the next job.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from . import metrics
+from .cgroups import CgroupLayout, CgroupPool, Slot, detect
+from .config import Resolved, SandboxConfig
+from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
+from .languages import LANGUAGES, command, get_language
+from .models import RunRequest, RunResult, Status
+from .oci import runtime_spec
+from .sysutil import (
+    MS_NODEV,
+    MS_NOSUID,
+    MS_RDONLY,
+    enter_private_mount_namespace,
+    mount,
+    mounts_under,
+    pid_alive,
+    umount_quiet,
+)
+
+log = logging.getLogger("tide.sandbox")
+
+PID_SLACK = 4  # the slot's pids limit also counts crun and the worker thread
+ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "LANG=C.UTF-8"]
+
+
+class Overloaded(Exception):
+    """The queue is full: the caller should retry later."""
+
+
+class BadRequest(ValueError):
+    pass
+
+
+@dataclass
+class Phase:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    wall_ms: float
+    cpu_ms: float
+    peak_kb: int
+    timed_out: bool
+    output_exceeded: bool
+    oom: bool
+    runtime_error: str | None  # crun could not start the container
+
+
+def _clean_path(name: str) -> str:
+    p = PurePosixPath(name)
+    if p.is_absolute() or not p.parts or any(part in ("..", ".", "") for part in p.parts) or "\x00" in name:
+        raise BadRequest(f"bad file name {name!r}: must be a relative path without '..'")
+    return str(p)
+
+
+class Worker(threading.Thread):
+    def __init__(self, rt: "SandboxRuntime", slot: Slot, netns: str | None):
+        super().__init__(name=f"sandbox-slot{slot.index}", daemon=True)
+        self.rt, self.slot, self.netns = rt, slot, netns
+        self.busy = False
+        self.broken = False
+
+    def run(self) -> None:
+        self.slot.join_current_thread()
+        while True:
+            job = self.rt._jobs.get()
+            if job is None:
+                return
+            req, fut = job
+            if not fut.set_running_or_notify_cancel():
+                self.rt._release(1)
+                continue
+            self.busy = True
+            metrics.BUSY.inc()
+            try:
+                res = self.rt._execute(self, req)
+            except BadRequest as exc:
+                res = RunResult(status=Status.internal_error, stderr=f"bad request: {exc}")
+            except Exception as exc:  # never let one execution take the worker down
+                log.exception("execution failed")
+                res = RunResult(status=Status.internal_error, stderr=f"{type(exc).__name__}: {exc}")
+            finally:
+                self.busy = False
+                metrics.BUSY.dec()
+                self.rt._release(1)
+            if not self.slot.drain(timeout_s=5.0):
+                log.error("slot %d: processes survive SIGKILL; taking it out of service", self.slot.index)
+                self.broken = True
+                metrics.BROKEN.inc()
+                fut.set_result(res)
+                return
+            fut.set_result(res)
+
+
+class SandboxRuntime:
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.layout: CgroupLayout | None = None
+        self.pool: CgroupPool | None = None
+        self.images: dict[str, Image] = {}
+        self.workers: list[Worker] = []
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._seq = itertools.count()
+        self.dir = self.config.state_dir / str(os.getpid())
+        self.crun_root = self.dir / "crun"
+        self._started = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self, private_namespace: bool = True) -> "SandboxRuntime":
+        """Set up everything. With private_namespace, first move this (still single-threaded) process into
+        its own mount namespace: needed on hybrid hosts to hide the cgroup2 mount from crun."""
+        layout = detect()
+        if private_namespace:
+            enter_private_mount_namespace()
+            if layout.needs_unified_mask and layout.v2_mount:
+                # crun refuses hybrid mode; a tmpfs over the unified mount makes it see pure v1 (see
+                # FEASIBILITY.md: unmounting it instead would let crun write into the shared tmpfs).
+                mount("tmpfs", layout.v2_mount, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
+        elif layout.needs_unified_mask:
+            raise RuntimeError("hybrid cgroup host: the runtime needs a private mount namespace")
+        self.layout = layout
+        self.pool = CgroupPool(layout, self.config.pool_size, self.config.cgroup_parent)
+        # First kill what dead services left running (their crun and containers live in their slots), then
+        # remove their files: a still-running crun would keep writing into its state directory.
+        self.pool.cleanup_leftovers()
+        self.cleanup_leftovers()
+        slots = self.pool.create()
+        # All service state on a tmpfs: crun creates and deletes its state files for every container, and on
+        # a disk filesystem (ext4 here) inode allocation alone was ~10% of a container start's CPU.
+        self.dir.mkdir(parents=True, exist_ok=True)
+        mount("tmpfs", str(self.dir), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=755")
+        for d in (self.crun_root, self.dir / "netns"):
+            d.mkdir(parents=True, exist_ok=True)
+        for slot in slots:
+            for sub in ("rootfs", "disk", "out"):
+                (self.dir / "slots" / f"slot{slot.index}" / sub).mkdir(parents=True, exist_ok=True)
+        self.images["host"] = build_host_image(self.dir / "images" / "host")
+        for name, path in self.config.rootfs_images.items():
+            self.images[name] = rootfs_image(name, Path(path))
+        if self.config.default_image not in self.images:
+            raise RuntimeError(f"default image {self.config.default_image!r} is not configured")
+        for slot in slots:
+            netns = self.dir / "netns" / f"slot{slot.index}"
+            netns.touch()
+            # An empty network namespace per slot (only a downed loopback): created once, reused by every run.
+            subprocess.run(["unshare", f"--net={netns}", "true"], check=True)
+            self.workers.append(Worker(self, slot, str(netns)))
+        for w in self.workers:
+            w.start()
+        self._started = True
+        log.info("sandbox ready: cgroups %s, %d slots, state %s", layout.mode.value, len(slots), self.dir)
+        return self
+
+    def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for _ in self.workers:
+            self._jobs.put(None)
+        for w in self.workers:
+            w.join(timeout=30)
+        if self.pool:
+            self.pool.destroy()
+        self._remove_state_dir(self.dir)
+
+    def cleanup_leftovers(self) -> None:
+        """Remove state of services that died without cleaning up (mounts, crun state, files)."""
+        root = self.config.state_dir
+        if not root.is_dir():
+            return
+        for d in root.iterdir():
+            if d.name.isdigit() and (int(d.name) == os.getpid() or not pid_alive(int(d.name))):
+                log.warning("removing leftovers of sandbox %s", d)
+                self._remove_state_dir(d)
+
+    def _remove_state_dir(self, d: Path) -> None:
+        croot = d / "crun"
+        if croot.is_dir():
+            for c in croot.iterdir():
+                subprocess.run([self.config.crun, "--root", str(croot), "delete", "-f", c.name],
+                               capture_output=True)
+        for m in mounts_under(str(d)):
+            umount_quiet(m)
+        if mounts_under(str(d)):
+            raise RuntimeError(f"mounts remain under {d}; not deleting it")
+        for _ in range(10):
+            shutil.rmtree(d, ignore_errors=True)
+            if not d.exists():
+                return
+            time.sleep(0.05)
+        log.error("could not remove %s", d)
+
+    # ---------------------------------------------------------------- submission
+    def _reserve(self, n: int) -> None:
+        with self._lock:
+            if self._inflight + n > self.capacity:
+                metrics.REJECTED.inc()
+                raise Overloaded(f"{self._inflight} executions in flight")
+            self._inflight += n
+            metrics.QUEUED.set(max(0, self._inflight - len(self.workers)))
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self._inflight -= n
+            metrics.QUEUED.set(max(0, self._inflight - len(self.workers)))
+
+    def validate(self, req: RunRequest) -> None:
+        get_language(req.language)  # KeyError for unknown languages
+        image = req.image or self.config.default_image
+        if image not in self.images:
+            raise BadRequest(f"unknown image {image!r}; known: {sorted(self.images)}")
+        if len(req.files) > self.config.max_files:
+            raise BadRequest(f"too many files (max {self.config.max_files})")
+        for name in req.files:
+            _clean_path(name)
+
+    def submit_many(self, reqs: list[RunRequest]) -> list[Future]:
+        """Queue all or none (raises Overloaded when they do not fit)."""
+        for r in reqs:
+            self.validate(r)
+        if self.capacity == 0:
+            raise Overloaded("no working slot")
+        if len(reqs) > self.capacity:
+            raise BadRequest(f"batch of {len(reqs)} exceeds the capacity of {self.capacity}; split it")
+        self._reserve(len(reqs))
+        futs: list[Future] = []
+        for r in reqs:
+            fut: Future = Future()
+            self._jobs.put((r, fut))
+            futs.append(fut)
+        return futs
+
+    def submit(self, req: RunRequest) -> Future:
+        return self.submit_many([req])[0]
+
+    def run(self, req: RunRequest, timeout: float | None = None) -> RunResult:
+        return self.submit(req).result(timeout)
+
+    @property
+    def capacity(self) -> int:
+        """Most executions one request may carry: the working slots plus the queue (0 when none works)."""
+        working = sum(not w.broken for w in self.workers)
+        return working + self.config.max_queue if working else 0
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            inflight = self._inflight
+        busy = sum(w.busy for w in self.workers)
+        return {"slots": len(self.workers), "busy": busy, "queued": max(0, inflight - busy),
+                "broken": sum(w.broken for w in self.workers)}
+
+    # ---------------------------------------------------------------- one execution
+    def _execute(self, w: Worker, req: RunRequest) -> RunResult:
+        lang = get_language(req.language)
+        limits = self.config.effective(req.limits)
+        image = self.images[req.image or self.config.default_image]
+        nonce = uuid.uuid4().hex
+        files = dict(req.files)
+        files.update(lang.harness(req.code, req.tests, nonce) if req.tests else {lang.source: req.code})
+        # The slot's mount points persist; everything a run writes lives inside its three mounts.
+        root = f"{self.dir}/slots/slot{w.slot.index}"
+        rootfs, disk, out = f"{root}/rootfs", f"{root}/disk", f"{root}/out"
+        out_bytes = limits.output_kb * 1024
+        compile_out = (self.config.compile_limits.output_kb or 64) * 1024
+        stdin_bytes = req.stdin.encode()
+        mounted: list[str] = []
+        try:
+            inodes = max(4096, limits.disk_mb * 256)  # bounds kernel memory spent on many tiny files too
+            mount("tmpfs", disk, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.disk_mb}m,nr_inodes={inodes},mode=755")
+            mounted.append(disk)
+            # Captured output (and the bundles, stdin) live apart from the writable layer, so a disk-filling
+            # program keeps its stdout.
+            out_size = max(out_bytes, compile_out) + len(stdin_bytes) + 256 * 1024
+            mount("tmpfs", out, "tmpfs", MS_NOSUID | MS_NODEV, f"size={out_size},mode=700")
+            mounted.append(out)
+            os.mkdir(f"{disk}/upper")
+            os.mkdir(f"{disk}/work")
+            mount("overlay", rootfs, "overlay", 0, f"lowerdir={image.lower},upperdir={disk}/upper,workdir={disk}/work")
+            mounted.append(rootfs)
+            self._write_files(Path(rootfs, "work"), files)
+            stdin = f"{out}/stdin"
+            with open(stdin, "wb") as f:
+                f.write(stdin_bytes)
+            compile_output = None
+            if lang.compile:
+                climits = self.config.compile_step(limits)
+                args = command(lang, lang.compile, files, climits.memory_mb)
+                c = self._phase(w, rootfs, image, args, climits, None, out, "compile")
+                compile_output = (c.stdout + c.stderr).decode("utf-8", "replace")
+                if c.runtime_error:
+                    return RunResult(status=Status.internal_error, stderr=c.runtime_error, wall_ms=c.wall_ms)
+                if c.exit_code != 0 or c.timed_out or c.oom:
+                    why = " (compiler timed out)" if c.timed_out else " (compiler ran out of memory)" if c.oom else ""
+                    return RunResult(status=Status.compile_error, exit_code=c.exit_code, stderr=compile_output + why,
+                                     wall_ms=c.wall_ms, cpu_ms=c.cpu_ms, peak_memory_kb=c.peak_kb,
+                                     compile_output=compile_output,
+                                     tests_passed=0 if req.tests else None,
+                                     tests_total=len(req.tests) if req.tests else None)
+            args = command(lang, lang.run, files, limits.memory_mb)
+            p = self._phase(w, rootfs, image, args, limits, stdin, out, "run")
+            return self._result(p, req, nonce, out_bytes, compile_output)
+        finally:
+            for m in reversed(mounted):
+                umount_quiet(m)
+
+    def _write_files(self, work: Path, files: dict[str, str]) -> None:
+        for name, content in files.items():
+            rel = _clean_path(name)
+            path = work / rel
+            parent = path.parent
+            if parent != work:
+                parent.mkdir(parents=True, exist_ok=True)
+                for p in [parent, *parent.parents]:
+                    if p == work:
+                        break
+                    os.chown(p, SANDBOX_UID, SANDBOX_GID)
+            path.write_text(content)
+            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+
+    def _phase(self, w: Worker, rootfs: str, image: Image, args: list[str], limits: Resolved,
+               stdin: str | None, out: str, tag: str) -> Phase:
+        slot = w.slot
+        cid = f"tide-{os.getpid()}-{slot.index}-{next(self._seq)}-{tag}"
+        bundle = f"{out}/{tag}"
+        os.mkdir(bundle)
+        spec = runtime_spec(rootfs=rootfs, image=image, args=args, env=ENV, netns=w.netns,
+                            shm_mb=max(1, min(64, limits.disk_mb)))
+        with open(f"{bundle}/config.json", "w") as f:
+            json.dump(spec, f)
+        pidfile, crunlog = f"{bundle}/pid", f"{bundle}/crun.log"
+        slot.set_limits(limits.memory_mb * 1024 * 1024, limits.pids + PID_SLACK,
+                        int(self.config.cpu_per_slot * 100_000))
+        slot.begin()
+        cmd = [*slot.spawn_prefix(), self.config.crun, "--root", str(self.crun_root), "--cgroup-manager=disabled",
+               f"--log=file:{crunlog}", "run", *(["--no-pivot"] if self.config.no_pivot else []), "--no-new-keyring",
+               "--bundle", bundle, "--pid-file", pidfile, cid]
+        out_limit = limits.output_kb * 1024
+        timed_out = exceeded = False
+        with open(f"{out}/{tag}.stdout", "w+b") as fo, open(f"{out}/{tag}.stderr", "w+b") as fe, \
+                open(stdin if stdin else os.devnull, "rb") as fi:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd, stdin=fi, stdout=fo, stderr=fe, close_fds=True)
+            deadline = t0 + limits.timeout_s
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                while True:
+                    left = deadline - time.monotonic()
+                    if poller.poll(max(0, math.ceil(min(left, 0.1) * 1000))):
+                        break
+                    if os.fstat(fo.fileno()).st_size + os.fstat(fe.fileno()).st_size > out_limit:
+                        exceeded = True
+                    elif time.monotonic() >= deadline:
+                        timed_out = True
+                    else:
+                        continue
+                    self._kill(slot, pidfile)
+                    break
+                proc.wait()
+            finally:
+                os.close(pidfd)
+            wall = (time.monotonic() - t0) * 1000
+            slot.drain()
+            stats = slot.end()
+            size = os.fstat(fo.fileno()).st_size + os.fstat(fe.fileno()).st_size
+            exceeded = exceeded or size > out_limit
+            fo.seek(0)
+            fe.seek(0)
+            stdout, stderr = fo.read(out_limit), fe.read(out_limit)
+        started = os.path.exists(pidfile)
+        if os.path.exists(f"{self.crun_root}/{cid}"):
+            subprocess.run([self.config.crun, "--root", str(self.crun_root), "delete", "-f", cid], capture_output=True)
+        err = None
+        if not started and not timed_out:
+            err = "container did not start: "
+            try:
+                with open(crunlog, errors="replace") as f:
+                    err += f.read()[-2000:]
+            except OSError:
+                err += f"crun exited {proc.returncode}"
+        code = proc.returncode
+        if code is not None and code < 0:
+            code = 128 - code
+        return Phase(code, stdout, stderr, wall, stats.cpu_ns / 1e6, stats.peak_memory_bytes // 1024,
+                     timed_out, exceeded, stats.oom_kills > 0, err)
+
+    @staticmethod
+    def _kill(slot: Slot, pidfile: str) -> None:
+        """Kill the container's pid 1 (the kernel then kills its whole pid namespace). No fork: after a fork
+        bomb the slot's pids limit would make `crun kill` fail."""
+        inside = slot.foreign_pids()
+        try:
+            with open(pidfile) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            pid = None
+        targets = [pid] if pid in inside else inside
+        for p in targets:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    @staticmethod
+    def _result(p: Phase, req: RunRequest, nonce: str, out_bytes: int, compile_output: str | None) -> RunResult:
+        if p.runtime_error:
+            return RunResult(status=Status.internal_error, stderr=p.runtime_error, wall_ms=p.wall_ms)
+        if p.oom and p.exit_code != 0:
+            status = Status.memory_limit
+        elif p.output_exceeded:
+            status = Status.output_limit
+        elif p.timed_out:
+            status = Status.timeout
+        elif p.exit_code != 0:
+            status = Status.runtime_error
+        else:
+            status = Status.ok
+        stdout = p.stdout.decode("utf-8", "replace")
+        passed = total = None
+        if req.tests:
+            total, passed, kept = len(req.tests), 0, []
+            seen: set[int] = set()
+            for line in stdout.splitlines(keepends=True):
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit():
+                    i = int(parts[1])
+                    if parts[2] == "pass" and i < total and i not in seen:
+                        passed += 1
+                    seen.add(i)
+                else:
+                    kept.append(line)
+            stdout = "".join(kept)
+        return RunResult(status=status, exit_code=p.exit_code, stdout=stdout,
+                         stderr=p.stderr.decode("utf-8", "replace"), wall_ms=round(p.wall_ms, 3),
+                         cpu_ms=round(p.cpu_ms, 3), peak_memory_kb=p.peak_kb, tests_passed=passed,
+                         tests_total=total, compile_output=compile_output)
+
+
+def languages() -> list[str]:
+    return sorted(LANGUAGES)

@@ -1,0 +1,129 @@
+"""FastAPI app around a started SandboxRuntime: /run, /run_batch, /health, /metrics."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import metrics
+from .models import BatchRequest, BatchResult, Health, RunRequest, RunResult
+from .runtime import BadRequest, Overloaded, SandboxRuntime, languages
+
+RETRY_AFTER_S = 1
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Answers 413 for request bodies above max_bytes, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.max_bytes:
+                return await self._reject(send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Callable[[dict], Awaitable[None]]) -> None:
+        body = b'{"detail":"request body too large"}'
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_bytes: int | None = None) -> Any:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(runtime.close)
+
+    app = FastAPI(title="tide sandbox", version="0.1.0", lifespan=lifespan)
+
+    def auth(request: Request) -> None:
+        if token is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    def overloaded(exc: Overloaded) -> JSONResponse:
+        return JSONResponse({"detail": f"sandbox overloaded: {exc}"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def record(req: RunRequest, res: RunResult) -> RunResult:
+        metrics.RUNS.labels(req.language, res.status.value).inc()
+        metrics.RUN_SECONDS.labels(req.language).observe(res.wall_ms / 1000)
+        return res
+
+    def submit(reqs: list[RunRequest]) -> list:
+        try:
+            return runtime.submit_many(reqs)
+        except KeyError as exc:
+            raise HTTPException(400, str(exc.args[0])) from exc
+        except BadRequest as exc:
+            raise HTTPException(413 if "capacity" in str(exc) else 400, str(exc)) from exc
+
+    @app.post("/run", response_model=RunResult, dependencies=[Depends(auth)])
+    async def run(req: RunRequest) -> Any:
+        try:
+            (fut,) = submit([req])
+        except Overloaded as exc:
+            return overloaded(exc)
+        return record(req, await asyncio.wrap_future(fut))
+
+    @app.post("/run_batch", response_model=BatchResult, dependencies=[Depends(auth)])
+    async def run_batch(batch: BatchRequest) -> Any:
+        try:
+            futs = submit(batch.runs)
+        except Overloaded as exc:
+            return overloaded(exc)
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futs))
+        return BatchResult(results=[record(r, res) for r, res in zip(batch.runs, results)])
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        s = runtime.stats()
+        ok = s["broken"] < s["slots"]
+        mode = runtime.layout.mode.value if runtime.layout else ""
+        return Health(status="ok" if ok else "degraded", cgroup_mode=mode,
+                      slots=s["slots"], busy=s["busy"], queued=s["queued"], broken_slots=s["broken"],
+                      max_batch=runtime.capacity,
+                      languages=languages(), images=sorted(runtime.images))
+
+    @app.get("/metrics", dependencies=[Depends(auth)])
+    async def prom() -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    if max_request_bytes:
+        return BodyLimit(app, max_request_bytes)
+    return app

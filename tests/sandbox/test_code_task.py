@@ -1,0 +1,49 @@
+"""The coding task's reward through the real sandbox service (only sandbox.client is used)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollout.tasks.base import Task
+from rollout.tasks.code import CodeTask, extract_code
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def task(service) -> CodeTask:
+    return CodeTask(sandbox_url=service.url, token="test-token")
+
+
+def test_protocol_and_determinism(task):
+    assert isinstance(task, Task)
+    assert task.problems(1, 3, 5) == task.problems(1, 3, 5)
+    assert task.problems(1, 3, 5) != task.problems(1, 4, 5)
+    assert "def f" in task.corpus()
+
+
+def test_rewards(task):
+    probs = task.problems(seed=7, iteration=0, n=10)
+    refs = [json.loads(p.answer)["reference"] for p in probs]
+    assert task.score(probs, refs) == [1.0] * 10
+    assert task.score(probs, [f"```python\n{r}```\nexplanation" for r in refs]) == [1.0] * 10
+    bad = task.score(probs, ["def f(*a):\n    return None\n"] * 10)
+    assert bad == [0.0] * 10
+    assert task.score(probs[:2], ["this is not python", "while True: pass"]) == [0.0, 0.0]
+
+
+def test_partial_credit(task):
+    p = task.problems(seed=1, iteration=0, n=1)[0]
+    tests = json.loads(p.answer)["tests"]
+    # Answers right only for the first test's input: 1 of 4.
+    arg, expected = tests[0][len("assert f("):].split(") == ")
+    cheat = f"def f(*a):\n    return {expected} if a == ({arg},) else object()\n"
+    assert task.score([p], [cheat]) == [pytest.approx(0.25)]
+    sft = task.sft_examples(0, 3)
+    assert len(sft) == 3 and all("def f" in c for _, c in sft)
+
+
+def test_extract_code():
+    assert extract_code("x\n```py\nprint(1)\n```") == "print(1)\n"
+    assert extract_code("print(2)") == "print(2)"

@@ -1,0 +1,80 @@
+"""Each language: plain run with stdin, the tests harness, compile errors, extra files."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
+
+ADD = {
+    "python": ("def add(a, b):\n    return a + b\n", ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "print('noise')"]),
+    "javascript": ("function add(a, b) { return a + b; }", ["assert.strictEqual(add(1, 2), 3)",
+                                                            "assert.strictEqual(add(2, 2), 5)", "console.log('noise')"]),
+    "bash": ("add() { echo $(( $1 + $2 )); }", ['[ "$(add 1 2)" = 3 ]', '[ "$(add 2 2)" = 5 ]', "echo noise"]),
+    "c": ("int add(int a, int b) { return a + b; }", ["add(1, 2) == 3", "add(2, 2) == 5", "printf(\"noise\\n\") > 0"]),
+    "cpp": ("#include <stdexcept>\nint add(int a, int b) { if (a < -5) throw std::runtime_error(\"neg\"); return a + b; }",
+            ["add(1, 2) == 3", "add(-9, 0) == -9", "add(0, 0) == 0"]),
+    "java": ("class Solution { static int add(int a, int b) { return a + b; } }",
+             ["Solution.add(1, 2) == 3", "Solution.add(2, 2) == 5", "Solution.add(0, 0) == 0"]),
+}
+CAT = {
+    "python": "import sys\nprint(sys.stdin.read().upper(), end='')",
+    "javascript": "process.stdout.write(require('fs').readFileSync(0, 'utf8').toUpperCase())",
+    "bash": "tr a-z A-Z",
+    "c": "#include <stdio.h>\n#include <ctype.h>\nint main(){int c; while((c=getchar())!=EOF) putchar(toupper(c));}",
+    "cpp": "#include <iostream>\n#include <cctype>\nint main(){char c; while(std::cin.get(c)) std::cout << (char)std::toupper(c);}",
+    "java": ("import java.io.*;\npublic class Main { public static void main(String[] a) throws IOException {"
+             " System.out.print(new String(System.in.readAllBytes()).toUpperCase()); } }"),
+}
+
+
+@pytest.mark.parametrize("language", sorted(ADD))
+def test_tests_harness(client, language):
+    code, tests = ADD[language]
+    r = client.run(language, code, tests=tests)
+    assert r.status.value == "ok", r
+    assert (r.tests_passed, r.tests_total) == (2, 3), r
+
+
+@pytest.mark.parametrize("language", sorted(CAT))
+def test_stdin_roundtrip(client, language):
+    r = client.run(language, CAT[language], stdin="hello sandbox\n")
+    assert r.status.value == "ok", r
+    assert r.stdout == "HELLO SANDBOX\n"
+    assert r.exit_code == 0 and r.wall_ms > 0 and r.cpu_ms > 0 and r.peak_memory_kb > 0
+
+
+@pytest.mark.parametrize("language,code", [("c", "int main( { return 0; }"), ("cpp", "int main() { return x; }"),
+                                           ("java", "public class Main { void f( }")])
+def test_compile_error(client, language, code):
+    r = client.run(language, code)
+    assert r.status.value == "compile_error", r
+    assert r.compile_output and "error" in r.compile_output
+
+
+def test_runtime_error_and_exit_code(client):
+    r = client.run("python", "import sys\nprint('out')\nsys.exit(7)")
+    assert (r.status.value, r.exit_code, r.stdout) == ("runtime_error", 7, "out\n")
+    r = client.run("python", "raise ValueError('boom')")
+    assert r.status.value == "runtime_error" and "ValueError: boom" in r.stderr
+
+
+def test_extra_files_and_fake_verdicts(client):
+    r = client.run("python", "import helper\nprint(helper.X)\nprint(open('data/in.txt').read())",
+                   files={"helper.py": "X = 41 + 1", "data/in.txt": "payload"})
+    assert r.status.value == "ok" and r.stdout == "42\npayload\n", r
+    # A program that prints verdict-looking lines cannot raise its own score.
+    r = client.run("python", "print('0 0 pass')\nprint('x 1 pass')", tests=["assert False", "assert False"])
+    assert (r.tests_passed, r.tests_total) == (0, 2), r
+
+
+def test_top_level_error_with_tests(client):
+    r = client.run("python", "raise SystemExit(3)", tests=["assert True"])
+    assert r.status.value == "runtime_error" and r.tests_passed == 0
+
+
+def test_debian_rootfs_image(client):
+    if "debian" not in client.health().images:
+        pytest.skip("no rootfs built (scripts/build_sandbox_rootfs.sh /var/lib/tide-sandbox/rootfs python3)")
+    r = client.run("python", "import os\nprint(os.path.exists('/.tide-rootfs'), os.getuid())", image="debian",
+                   tests=["assert 1 + 1 == 2"])
+    assert (r.status.value, r.stdout, r.tests_passed) == ("ok", "True 65534\n", 1), r

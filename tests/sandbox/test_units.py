@@ -1,0 +1,76 @@
+"""Pieces that need neither root nor crun: cgroup mode detection, harness generation, limits, OCI spec."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.cgroups import CgroupMode, detect
+from sandbox.config import SandboxConfig
+from sandbox.images import Image
+from sandbox.languages import command, get_language
+from sandbox.models import Limits
+from sandbox.oci import runtime_spec
+
+V1_LINES = [f"{30 + i} 31 0:{30 + i} / /sys/fs/cgroup/{c} rw,relatime - cgroup cgroup rw,{c}"
+            for i, c in enumerate(["cpu,cpuacct", "memory", "pids"])]
+V2_LINE = "41 31 0:38 / {point} rw,relatime - cgroup2 cgroup2 rw"
+
+
+def _layout(tmp_path: Path, lines: list[str], proc: str, controllers: str = ""):
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    (tmp_path / "cgroup").write_text(proc)
+    return detect(str(tmp_path / "mountinfo"), str(tmp_path / "cgroup"))
+
+
+def test_detect_v1(tmp_path):
+    lay = _layout(tmp_path, V1_LINES, "4:memory:/a\n3:cpu,cpuacct:/\n2:pids:/b\n")
+    assert lay.mode is CgroupMode.V1 and not lay.needs_unified_mask
+    assert lay.v1_mounts["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct" and lay.own_paths["memory"] == "/a"
+
+
+def test_detect_hybrid_and_empty_unified(tmp_path):
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("hugetlb\n")
+    lines = V1_LINES + [V2_LINE.format(point=unified)]
+    lay = _layout(tmp_path, lines, "0::/\n4:memory:/\n3:cpu,cpuacct:/\n2:pids:/\n")
+    assert lay.mode is CgroupMode.HYBRID and lay.needs_unified_mask
+    (unified / "cgroup.controllers").write_text("\n")  # systemd's hybrid: no controllers, crun accepts it
+    assert _layout(tmp_path, lines, "0::/\n").mode is CgroupMode.V1
+
+
+def test_detect_v2(tmp_path):
+    lay = _layout(tmp_path, [V2_LINE.format(point="/sys/fs/cgroup")], "0::/kubepods/pod1/ctr\n")
+    assert lay.mode is CgroupMode.V2 and lay.own_paths[""] == "/kubepods/pod1/ctr"
+
+
+def test_limits_defaults_and_caps():
+    cfg = SandboxConfig()
+    eff = cfg.effective(Limits(timeout_s=1e6, memory_mb=64))
+    assert eff.timeout_s == cfg.max_limits.timeout_s and eff.memory_mb == 64
+    assert eff.output_kb == cfg.default_limits.output_kb
+
+
+def test_java_command_and_harness():
+    java = get_language("java")
+    files = java.harness("class Solution {}", ["1 == 1"], "n0nce")
+    assert set(files) == {"Solution.java", "Main.java"} and "n0nce" in files["Main.java"]
+    cmd = command(java, java.compile, files, 256)
+    assert cmd[0] == "javac" and "-J-Xmx128m" in cmd and cmd[-2:] == ["Main.java", "Solution.java"]
+    assert command(java, java.run, files, 256)[:2] == ["java", "-Xmx128m"]
+    with pytest.raises(KeyError):
+        get_language("cobol")
+
+
+def test_spec_is_locked_down():
+    spec = runtime_spec(rootfs="/r", image=Image("host", Path("/l"), (("/usr", "/usr"),)), args=["true"],
+                        env=[], netns="/run/ns", shm_mb=8)
+    p = spec["process"]
+    assert p["user"]["uid"] == 65534 and p["noNewPrivileges"] and not any(p["capabilities"].values())
+    ns = {n["type"]: n.get("path") for n in spec["linux"]["namespaces"]}
+    assert set(ns) >= {"pid", "mount", "ipc", "uts", "network"} and ns["network"] == "/run/ns"
+    denied = {n for r in spec["linux"]["seccomp"]["syscalls"] for n in r["names"]}
+    assert {"mount", "unshare", "ptrace", "bpf", "keyctl", "clone", "clone3", "setns"} <= denied
+    usr = next(m for m in spec["mounts"] if m["destination"] == "/usr")
+    assert "ro" in usr["options"]
