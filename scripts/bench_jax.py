@@ -1,0 +1,430 @@
+"""Benchmark of the JAX engine (BENCHMARKS.md): PPO env steps per second on CartPole-v1 against rejax
+(same env, num_envs, rollout length and PPO settings) and a CleanRL-style Python-loop PyTorch PPO on
+gymnasium's CartPole-v1; and wall seconds until the mean episode return reaches 475.
+
+Throughput: each contender/baseline runs a compiled chunk of PPO updates (rollout + 4 epochs x 4
+minibatches), alternating A B A B; compile time is excluded (measured separately). rejax runs its own
+`train_iteration` in the same fori_loop chunking, without its evaluation callback.
+Solve time: compile included; tide and rejax are both checked after every chunk of 25 updates with
+rejax's `evaluate` (128 episodes of the stochastic policy, not counted in the time), PyTorch by the mean
+of its last 20 training episodes; all three with the num_envs, rollout length and learning rate of
+configs/cartpole.yaml (rejax without LR annealing, which it lacks).
+
+    python scripts/bench_jax.py [--quick]      writes bench_results/jax.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NUM_STEPS = 128
+PPO = dict(epochs=4, minibatches=4, lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
+           vf_coef=0.5, max_grad_norm=0.5, hidden=(64, 64))
+TARGET = 475.0
+
+
+# ---------------------------------------------------------------- contender: tide's JAX engine
+def tide_engine(num_envs: int, updates: int, seeds: int = 1, total_updates: int = 10_000):
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.engine import Engine
+
+    cfg = JaxConfig(env="CartPole-v1", num_envs=num_envs, num_steps=NUM_STEPS, updates_per_iteration=updates,
+                    epochs=PPO["epochs"], minibatches=PPO["minibatches"], lr=PPO["lr"], seeds=seeds,
+                    hidden_sizes=list(PPO["hidden"]))
+    engine = Engine(cfg, total_updates=total_updates, seed=0, devices=1)
+    state = engine.init_state()
+    engine.compile(state)
+    box = {"state": state}
+
+    def step() -> None:
+        import jax
+
+        box["state"], _ = engine.run_chunk(box["state"])
+        jax.block_until_ready(box["state"])
+
+    return step
+
+
+# ---------------------------------------------------------------- baseline: rejax
+def _rejax_algo(num_envs: int, num_steps: int = NUM_STEPS, lr: float = PPO["lr"]):
+    import jax.numpy as jnp
+    from gymnax.environments.classic_control.cartpole import CartPole
+    from rejax import PPO as RejaxPPO
+
+    class CartPole5(CartPole):
+        """rejax 0.1.3 unpacks gymnax's step as 5 values; gymnax 1.0 returns 6 (FEASIBILITY, JAX)."""
+
+        def step(self, key, state, action, params=None):
+            obs, state, reward, terminated, truncated, info = super().step(key, state, action, params)
+            return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+    env = CartPole5()
+    return RejaxPPO.create(
+        env=env, env_params=env.default_params, num_envs=num_envs, num_steps=num_steps,
+        num_epochs=PPO["epochs"], num_minibatches=PPO["minibatches"], learning_rate=lr,
+        gamma=PPO["gamma"], gae_lambda=PPO["gae_lambda"], clip_eps=PPO["clip_eps"], ent_coef=PPO["ent_coef"],
+        vf_coef=PPO["vf_coef"], max_grad_norm=PPO["max_grad_norm"],
+        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": PPO["hidden"]}, skip_initial_evaluation=True)
+
+
+def rejax_step(num_envs: int, updates: int, seeds: int = 1):
+    import jax
+
+    algo = _rejax_algo(num_envs)
+
+    def chunk(ts):
+        return jax.lax.fori_loop(0, updates, lambda _, t: algo.train_iteration(t), ts)
+
+    if seeds == 1:
+        ts = algo.init_state(jax.random.PRNGKey(0))
+        fn = jax.jit(chunk, donate_argnums=0)
+    else:
+        ts = jax.vmap(algo.init_state)(jax.random.split(jax.random.PRNGKey(0), seeds))
+        fn = jax.jit(jax.vmap(chunk), donate_argnums=0)
+    compiled = fn.lower(ts).compile()
+    box = {"ts": ts}
+
+    def step() -> None:
+        box["ts"] = jax.block_until_ready(compiled(box["ts"]))
+
+    return step
+
+
+# ---------------------------------------------------------------- baseline: Python-loop PyTorch PPO
+class TorchPPO:
+    """CleanRL-style PPO: gymnasium SyncVectorEnv, PyTorch actor and critic MLPs, one env step per
+    Python iteration."""
+
+    def __init__(self, num_envs: int = 4, seed: int = 0, total_updates: int = 1000, num_steps: int = NUM_STEPS,
+                 lr: float = PPO["lr"]) -> None:
+        import gymnasium as gym
+        import numpy as np
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(1)  # fastest setting for these tiny networks on this machine
+        torch.manual_seed(seed)
+        self.torch, self.np, self.n = torch, np, num_envs
+        self.envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)])
+        self.envs = gym.wrappers.vector.RecordEpisodeStatistics(self.envs)
+        obs_dim, n_act = self.envs.single_observation_space.shape[0], self.envs.single_action_space.n
+
+        def mlp(out: int, std: float) -> nn.Module:
+            layers, d = [], obs_dim
+            for h in PPO["hidden"]:
+                lin = nn.Linear(d, h)
+                nn.init.orthogonal_(lin.weight, 2**0.5)
+                nn.init.zeros_(lin.bias)
+                layers += [lin, nn.Tanh()]
+                d = h
+            last = nn.Linear(d, out)
+            nn.init.orthogonal_(last.weight, std)
+            nn.init.zeros_(last.bias)
+            return nn.Sequential(*layers, last)
+
+        self.actor, self.critic = mlp(n_act, 0.01), mlp(1, 1.0)
+        params = list(self.actor.parameters()) + list(self.critic.parameters())
+        self.lr, self.T = lr, num_steps
+        self.opt = torch.optim.Adam(params, lr=lr, eps=1e-5)
+        self.params, self.total_updates, self.updates = params, total_updates, 0
+        obs, _ = self.envs.reset(seed=seed)
+        self.obs = torch.tensor(obs, dtype=torch.float32)
+        self.returns: list[float] = []
+
+    def update(self) -> None:
+        torch, T, n = self.torch, self.T, self.n
+        obs_b = torch.zeros(T, n, self.obs.shape[1])
+        act_b, logp_b, rew_b, done_b, val_b = (torch.zeros(T, n) for _ in range(5))
+        with torch.no_grad():
+            for t in range(T):
+                logits = self.actor(self.obs)
+                dist = torch.distributions.Categorical(logits=logits)
+                action = dist.sample()
+                obs_b[t], act_b[t], logp_b[t] = self.obs, action, dist.log_prob(action)
+                val_b[t] = self.critic(self.obs)[:, 0]
+                obs, reward, term, trunc, info = self.envs.step(action.numpy())
+                done = self.np.logical_or(term, trunc)
+                rew_b[t], done_b[t] = torch.tensor(reward), torch.tensor(done, dtype=torch.float32)
+                if "episode" in info:
+                    self.returns += [float(r) for r, m in zip(info["episode"]["r"], info["_episode"]) if m]
+                self.obs = torch.tensor(obs, dtype=torch.float32)
+            next_v = self.critic(self.obs)[:, 0]
+            adv = torch.zeros(T, n)
+            last = torch.zeros(n)
+            for t in reversed(range(T)):
+                live = 1.0 - done_b[t]
+                nv = next_v if t == T - 1 else val_b[t + 1]
+                delta = rew_b[t] + PPO["gamma"] * nv * live - val_b[t]
+                last = delta + PPO["gamma"] * PPO["gae_lambda"] * live * last
+                adv[t] = last
+            ret = adv + val_b
+        frac = 1.0 - self.updates / self.total_updates
+        for g in self.opt.param_groups:
+            g["lr"] = frac * self.lr
+        b = [x.reshape((T * n,) + x.shape[2:]) for x in (obs_b, act_b, logp_b, adv, ret, val_b)]
+        mb = T * n // PPO["minibatches"]
+        eps = PPO["clip_eps"]
+        for _ in range(PPO["epochs"]):
+            perm = torch.randperm(T * n)
+            for i in range(PPO["minibatches"]):
+                o, a, lp, ad, rt, v = (x[perm[i * mb:(i + 1) * mb]] for x in b)
+                ad = (ad - ad.mean()) / (ad.std() + 1e-8)
+                dist = torch.distributions.Categorical(logits=self.actor(o))
+                new_lp = dist.log_prob(a)
+                ratio = (new_lp - lp).exp()
+                pg = -torch.min(ratio * ad, ratio.clamp(1 - eps, 1 + eps) * ad).mean()
+                nv = self.critic(o)[:, 0]
+                vc = v + (nv - v).clamp(-eps, eps)
+                vl = 0.5 * torch.max((nv - rt) ** 2, (vc - rt) ** 2).mean()
+                loss = pg + PPO["vf_coef"] * vl - PPO["ent_coef"] * dist.entropy().mean()
+                self.opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.params, PPO["max_grad_norm"])
+                self.opt.step()
+        self.updates += 1
+
+
+def torch_step(updates: int):
+    ppo = TorchPPO()
+
+    def step() -> None:
+        for _ in range(updates):
+            ppo.update()
+
+    return step
+
+
+# ---------------------------------------------------------------- time to solve
+def solve_tide(max_seconds: float) -> float | None:
+    import jax
+    import yaml
+    from rejax.evaluate import evaluate
+
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.engine import Engine
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/cartpole.yaml").read_text())
+    cfg = JaxConfig(**{**raw["jax"], "compilation_cache_dir": None})
+    rejax_env = _rejax_algo(4)
+    t0 = time.perf_counter()
+    engine = Engine(cfg, total_updates=raw["iterations"] * cfg.updates_per_iteration, seed=int(time.time()) % 1000,
+                    devices=1)
+    state = engine.init_state()
+    engine.compile(state)
+
+    @jax.jit
+    def eval_fn(params, rng):
+        def act(obs, key):
+            dist, _ = engine.network.apply(params, obs)
+            return dist.sample(key)
+
+        return evaluate(act, rng, rejax_env.env, rejax_env.env_params, 128,
+                        rejax_env.env_params.max_steps_in_episode)
+
+    def chunk(state):
+        state, _ = engine.run_chunk(state)
+        return jax.block_until_ready(state)
+
+    return _seconds_to_target(t0, state, chunk, lambda st, i: eval_fn(engine.params_tree(st), jax.random.PRNGKey(i)),
+                              raw["iterations"], max_seconds)
+
+
+def _seconds_to_target(t0: float, state, chunk, evaluate, chunks: int, max_seconds: float) -> float | None:
+    """Run training chunks until the evaluated mean return reaches TARGET; evaluation time is excluded."""
+    excluded = 0.0
+    for i in range(chunks):
+        state = chunk(state)
+        e0 = time.perf_counter()
+        _, returns = evaluate(state, i)
+        mean = float(returns.mean())
+        excluded += time.perf_counter() - e0
+        if mean >= TARGET:
+            return time.perf_counter() - t0 - excluded
+        if time.perf_counter() - t0 - excluded > max_seconds:
+            break
+    return None
+
+
+def solve_rejax(max_seconds: float) -> float | None:
+    """rejax with the env count, rollout length, learning rate (constant: rejax has no annealing) and
+    chunking of configs/cartpole.yaml."""
+    import jax
+    import yaml
+    from rejax.evaluate import evaluate
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/cartpole.yaml").read_text())
+    j = raw["jax"]
+    chunk, total_updates = j["updates_per_iteration"], raw["iterations"] * j["updates_per_iteration"]
+    algo = _rejax_algo(j["num_envs"], j["num_steps"], float(j["lr"]))
+    t0 = time.perf_counter()
+    ts = algo.init_state(jax.random.PRNGKey(int(time.time()) % 1000))
+    fn = jax.jit(lambda ts: jax.lax.fori_loop(0, chunk, lambda _, t: algo.train_iteration(t), ts)).lower(ts).compile()
+    eval_fn = jax.jit(lambda ts, rng: evaluate(algo.make_act(ts), rng, algo.env, algo.env_params, 128,
+                                               algo.env_params.max_steps_in_episode))
+    return _seconds_to_target(t0, ts, lambda t: jax.block_until_ready(fn(t)),
+                              lambda t, i: eval_fn(t, jax.random.PRNGKey(i)), total_updates // chunk, max_seconds)
+
+
+def solve_torch(max_seconds: float) -> float | None:
+    """The Python-loop PPO with the settings of configs/cartpole.yaml (annealed like tide)."""
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/cartpole.yaml").read_text())
+    j = raw["jax"]
+    total = raw["iterations"] * j["updates_per_iteration"]
+    t0 = time.perf_counter()
+    ppo = TorchPPO(j["num_envs"], seed=int(time.time()) % 1000, total_updates=total, num_steps=j["num_steps"],
+                   lr=float(j["lr"]))
+    while ppo.updates < total and time.perf_counter() - t0 < max_seconds:
+        ppo.update()
+        if len(ppo.returns) >= 20 and statistics.fmean(ppo.returns[-20:]) >= TARGET:
+            return time.perf_counter() - t0
+    return None
+
+
+# ---------------------------------------------------------------- harness
+def measure(fns: dict[str, tuple], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """fns: name -> (step, env steps per call). Alternates; returns wall and CPU throughput samples."""
+    out = {k: {"wall": [], "cpu": []} for k in fns}
+    for k, (step, _) in fns.items():  # warm-up call each (first execution allocates)
+        step()
+    for _ in range(repeats):
+        for k, (step, steps) in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            step()
+            out[k]["wall"].append(steps / (time.perf_counter() - w0))
+            out[k]["cpu"].append(steps / max(time.process_time() - c0, 1e-9))
+    return out
+
+
+def result(name: str, contender: str, baseline: str, metric: str, a: list[float], b: list[float]) -> dict:
+    ca, cb = statistics.median(a), statistics.median(b)
+    return {"name": name, "contender": contender, "baseline": baseline, "metric": metric,
+            "samples_contender": [round(x, 3) for x in a], "samples_baseline": [round(x, 3) for x in b],
+            "contender_median": ca, "baseline_median": cb, "ratio": ca / cb,
+            "contender_spread": [min(a), max(a)], "baseline_spread": [min(b), max(b)]}
+
+
+def updates_for(num_envs: int, target_steps: int) -> int:
+    return max(1, target_steps // (num_envs * NUM_STEPS))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    t_begin = time.perf_counter()
+
+    import jax
+
+    from trainer.jax.engine import enable_compilation_cache
+
+    enable_compilation_cache(".cache/jax")
+    quick = args.quick
+    env_counts = [4, 2048] if quick else [4, 16, 64, 256, 1024, 2048]
+    repeats = 3 if quick else 5
+    chunk_steps = 16_384 if quick else 65_536
+
+    results, goals = [], []
+    for n in env_counts:
+        u = updates_for(n, chunk_steps)
+        steps = n * NUM_STEPS * u
+        fns = {"tide": (tide_engine(n, u), steps), "rejax": (rejax_step(n, u), steps)}
+        if n == 4:
+            tu = max(1, u // 16)
+            fns["torch"] = (torch_step(tu), n * NUM_STEPS * tu)
+        s = measure(fns, repeats)
+        r = result(f"cartpole_num_envs_{n}", "tide", "rejax", "env_steps_per_s", s["tide"]["wall"], s["rejax"]["wall"])
+        results.append(r)
+        results.append(result(f"cartpole_num_envs_{n}_cpu", "tide", "rejax", "env_steps_per_cpu_s",
+                              s["tide"]["cpu"], s["rejax"]["cpu"]))
+        goals.append({"name": f"steps_per_s_vs_rejax_num_envs_{n}", "ratio": r["ratio"], "target": 1.2})
+        print(f"num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s ratio {r['ratio']:.2f}",
+              flush=True)
+        if "torch" in s:
+            rt = result("cartpole_num_envs_4_vs_python_loop", "tide", "torch_python_loop", "env_steps_per_s",
+                        s["tide"]["wall"], s["torch"]["wall"])
+            results.append(rt)
+            results.append(result("cartpole_num_envs_4_vs_python_loop_cpu", "tide", "torch_python_loop",
+                                  "env_steps_per_cpu_s", s["tide"]["cpu"], s["torch"]["cpu"]))
+            goals.append({"name": "steps_per_s_vs_python_loop_num_envs_4", "ratio": rt["ratio"], "target": 30.0})
+            print(f"  torch {rt['baseline_median']:.0f}/s ratio {rt['ratio']:.1f}", flush=True)
+
+    # 8 seeds vmapped over the whole train state, 4 envs each
+    u = updates_for(4 * 8, chunk_steps)
+    steps = 8 * 4 * NUM_STEPS * u
+    s = measure({"tide": (tide_engine(4, u, seeds=8), steps), "rejax": (rejax_step(4, u, seeds=8), steps)}, repeats)
+    r = result("cartpole_8_seeds_num_envs_4", "tide", "rejax", "env_steps_per_s", s["tide"]["wall"], s["rejax"]["wall"])
+    results.append(r)
+    results.append(result("cartpole_8_seeds_num_envs_4_cpu", "tide", "rejax", "env_steps_per_cpu_s",
+                          s["tide"]["cpu"], s["rejax"]["cpu"]))
+    goals.append({"name": "steps_per_s_vs_rejax_8_seeds", "ratio": r["ratio"], "target": 1.2})
+    print(f"8 seeds: ratio {r['ratio']:.2f}", flush=True)
+
+    # wall seconds to mean return 475, compile included (quick: one run each, no PyTorch)
+    solve_repeats = 1 if quick else 3
+    cap = 40.0 if quick else 240.0
+    solve: dict[str, list] = {"tide": [], "rejax": [], "torch": []}
+    for _ in range(solve_repeats):
+        solve["tide"].append(solve_tide(cap))
+        solve["rejax"].append(solve_rejax(cap))
+        if not quick:  # the Python-loop PPO needs about a minute to solve: full mode only
+            solve["torch"].append(solve_torch(cap))
+        print(f"solve seconds: {[(k, v[-1]) for k, v in solve.items() if v]}", flush=True)
+    for base in ("rejax", "torch") if not quick else ("rejax",):
+        a = [x for x in solve["tide"] if x is not None]
+        b = [x if x is not None else float("inf") for x in solve[base]]
+        if a:
+            # seconds: lower is better, so the ratio is baseline / contender (a speed-up)
+            ca, cb = statistics.median(a), statistics.median(b)
+            results.append({"name": f"seconds_to_return_475_vs_{base}", "contender": "tide", "baseline": base,
+                            "metric": "seconds_to_return_475 (ratio = baseline/contender; inf = not reached "
+                                      f"within {cap:.0f} s)",
+                            "samples_contender": solve["tide"], "samples_baseline": solve[base],
+                            "contender_median": ca, "baseline_median": cb, "ratio": cb / ca})
+
+    for g in goals:
+        g["met"] = bool(g["ratio"] >= g["target"])
+    import flax
+    import gymnax
+    import optax
+    import rejax  # noqa: F401
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    report = {
+        "area": "jax",
+        "machine": {"cores": os.cpu_count(), "cpu": cpu, "load_avg_at_end": os.getloadavg(),
+                    "versions": {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+                                 "gymnax": getattr(gymnax, "__version__", "1.0.1"), "rejax": "0.1.3",
+                                 "torch": torch.__version__, "python": platform.python_version()}},
+        "quick": quick,
+        "notes": f"{repeats} alternating repeats per throughput figure; {solve_repeats} solve run(s) each; "
+                 "rollout length 128, 4 epochs x 4 minibatches, 64x64 tanh MLPs for all; "
+                 "PyTorch baseline at 4 envs with torch.set_num_threads(1).",
+        "results": results,
+        "goals": goals,
+        "wall_seconds": time.perf_counter() - t_begin,
+    }
+    out = Path("bench_results/jax.json")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\n{'result':44s} {'contender':>12s} {'baseline':>12s} {'ratio':>7s}")
+    for r in results:
+        print(f"{r['name']:44s} {r['contender_median']:12.1f} {r['baseline_median']:12.1f} {r['ratio']:7.2f}")
+    for g in goals:
+        print(f"goal {g['name']:40s} ratio {g['ratio']:6.2f} target {g['target']:5.1f} met {g['met']}")
+    print(f"wrote {out} in {report['wall_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

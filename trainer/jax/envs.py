@@ -1,0 +1,109 @@
+"""Environments: a small protocol any pure-JAX environment can implement, a gymnax adapter, and the
+auto-reset / episode-return bookkeeping that runs inside the jitted rollout."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclass(frozen=True)
+class Discrete:
+    n: int
+
+
+@dataclass(frozen=True)
+class Box:
+    shape: tuple[int, ...]
+    low: float | tuple[float, ...]
+    high: float | tuple[float, ...]
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A single (unbatched) pure-JAX environment. `step` does not reset: the engine does that.
+
+    reset(key) -> (obs, state); step(key, state, action) -> (obs, state, reward, terminated, truncated).
+    All functions must be jittable and vmappable; `state` is any pytree.
+    """
+
+    observation_shape: tuple[int, ...]
+    action_space: Discrete | Box
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]: ...
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[jax.Array, Any, jax.Array, jax.Array, jax.Array]: ...
+
+
+class GymnaxEnv:
+    """Adapts a gymnax 1.0 environment (its `step_env`/`reset_env`, without gymnax's own auto-reset)."""
+
+    def __init__(self, name: str, **env_kwargs: Any) -> None:
+        import gymnax
+        from gymnax.environments import spaces
+
+        self.name = name
+        self._env, self._params = gymnax.make(name, **env_kwargs)
+        self.observation_shape = tuple(self._env.observation_space(self._params).shape)
+        space = self._env.action_space(self._params)
+        if isinstance(space, spaces.Discrete):
+            self.action_space: Discrete | Box = Discrete(int(space.n))
+        else:
+            self.action_space = Box(tuple(space.shape), float(jnp.min(space.low)), float(jnp.max(space.high)))
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        return self._env.reset_env(key, self._params)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        obs, state, reward, terminated, _ = self._env.step_env(key, state, action, self._params)
+        truncated = self._env.is_truncated(state, self._params)
+        return obs, state, reward.astype(jnp.float32), terminated, truncated
+
+
+def make_env(name: str) -> Environment:
+    if ":" in name:
+        module, factory = name.split(":", 1)
+        env = getattr(importlib.import_module(module), factory)()
+        if not isinstance(env, Environment):
+            raise TypeError(f"{name} did not return a trainer.jax.envs.Environment")
+        return env
+    return GymnaxEnv(name)
+
+
+class EnvSlot(NamedTuple):
+    """One environment's state plus the return and length of its running episode."""
+
+    state: Any
+    ep_return: jax.Array
+    ep_length: jax.Array
+
+
+class StepOut(NamedTuple):
+    obs: jax.Array
+    slot: EnvSlot
+    reward: jax.Array
+    done: jax.Array  # terminated or truncated: the next obs starts a new episode
+    finished_return: jax.Array  # the episode's return where done, else 0
+    finished_length: jax.Array
+
+
+def reset_slot(env: Environment, key: jax.Array) -> tuple[jax.Array, EnvSlot]:
+    obs, state = env.reset(key)
+    return obs, EnvSlot(state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+
+
+def auto_reset_step(env: Environment, k_step: jax.Array, k_reset: jax.Array, slot: EnvSlot, action: jax.Array) -> StepOut:
+    """Step; where the episode ended, return the first observation of a new one (reset computed
+    for every env and selected: branch-free under vmap)."""
+    obs, state, reward, terminated, truncated = env.step(k_step, slot.state, action)
+    done = jnp.logical_or(terminated, truncated)
+    ep_return = slot.ep_return + reward
+    ep_length = slot.ep_length + 1
+    obs_re, state_re = env.reset(k_reset)
+    state = jax.tree.map(lambda r, s: jnp.where(done, r, s), state_re, state)
+    obs = jnp.where(done, obs_re, obs)
+    new = EnvSlot(state, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
+    return StepOut(obs, new, reward, done, jnp.where(done, ep_return, 0.0), jnp.where(done, ep_length, 0))

@@ -1,0 +1,180 @@
+"""PPO pieces for one data shard of one seed: GAE, the clipped loss, and one full update (rollout +
+epochs x minibatches). Collectives name `axes`; the engine maps them onto vmap axes or mesh axes."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainer.jax.config import JaxConfig
+from trainer.jax.distributions import Categorical, DiagNormal
+from trainer.jax.envs import Box, EnvSlot, Environment, auto_reset_step
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    logp: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    done: jax.Array
+
+
+class RunnerState(NamedTuple):
+    params: Any
+    opt_state: Any
+    slot: EnvSlot  # batched over this shard's envs
+    obs: jax.Array
+    key: jax.Array  # raw uint32 key
+    update: jax.Array  # PPO updates done so far
+
+
+class UpdateMetrics(NamedTuple):
+    return_sum: jax.Array  # sum of returns of the episodes that finished during the update
+    episodes: jax.Array
+    length_sum: jax.Array
+    pg_loss: jax.Array
+    v_loss: jax.Array
+    entropy: jax.Array
+    approx_kl: jax.Array
+    clip_frac: jax.Array
+
+
+def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
+        gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over time-major arrays [T, ...]. `dones[t]` means the episode
+    ended at step t, so step t does not bootstrap from t+1. Returns (advantages, value targets)."""
+
+    def back(carry, x):
+        adv_next, v_next = carry
+        r, v, d = x
+        live = 1.0 - d.astype(jnp.float32)
+        delta = r + gamma * v_next * live - v
+        adv = delta + gamma * lam * live * adv_next
+        return (adv, v), adv
+
+    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (rewards, values, dones), reverse=True)
+    return adv, adv + values
+
+
+def clipped_losses(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, value: jax.Array,
+                   old_value: jax.Array, target: jax.Array, clip_eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """PPO's clipped surrogate (to minimise) and clipped value loss, both means; plus the clip fraction."""
+    ratio = jnp.exp(logp - old_logp)
+    surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    v_clipped = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
+    v_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2)
+    clip_frac = jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32))
+    return -jnp.mean(surrogate), jnp.mean(v_loss), clip_frac
+
+
+def make_optimizer(cfg: JaxConfig, total_updates: int) -> optax.GradientTransformation:
+    if cfg.anneal_lr:
+        steps = max(total_updates, 1) * cfg.epochs * cfg.minibatches
+        lr: float | Callable = optax.linear_schedule(cfg.lr, 0.0, steps)
+    else:
+        lr = cfg.lr
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+
+def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.GradientTransformation,
+                axes: Sequence[str]) -> Callable[[RunnerState], tuple[RunnerState, UpdateMetrics]]:
+    """One PPO update on one shard; `apply_fn(params, obs) -> (dist, value)`. `axes`: named axes over which gradients and advantage statistics
+    are averaged (the shards); empty for a single shard."""
+    axes = tuple(axes)
+    n_envs = cfg.num_envs // cfg.shards
+    batch = n_envs * cfg.num_steps
+    mb_size = batch // cfg.minibatches
+    space = env.action_space
+    box = space if isinstance(space, Box) else None
+    dist_cls = DiagNormal if box else Categorical
+    action_dim = math.prod(box.shape) if box else space.n
+    step_env = jax.vmap(lambda ks, kr, s, a: auto_reset_step(env, ks, kr, s, a))
+
+    def pmean(x):
+        return jax.lax.pmean(x, axes) if axes else x
+
+    def rollout_step(carry, xs):
+        params, slot, obs = carry
+        noise, k_step, k_reset = xs
+        dist, value = apply_fn(params, obs)
+        action = dist.sample_with(noise)
+        logp = dist.log_prob(action)
+        env_action = jnp.clip(action, box.low, box.high).reshape((n_envs,) + box.shape) if box else action
+        out = step_env(k_step, k_reset, slot, env_action)
+        trans = Transition(obs, action, logp, value, out.reward, out.done)
+        return (params, out.slot, out.obs), (trans, out.finished_return, out.finished_length)
+
+    def rollout(params, slot, obs, key):
+        # All randomness of the rollout is drawn up front in a few large ops, so the loop body
+        # (where XLA:CPU time is mostly per-op overhead) holds none.
+        k_noise, k_env = jax.random.split(key)
+        noise = dist_cls.noise(k_noise, (cfg.num_steps, n_envs), action_dim)
+        env_keys = jax.random.split(k_env, (cfg.num_steps, 2, n_envs))
+        return jax.lax.scan(rollout_step, (params, slot, obs), (noise, env_keys[:, 0], env_keys[:, 1]),
+                            unroll=cfg.scan_unroll)
+
+    def loss_fn(params, mb: Transition, adv: jax.Array, target: jax.Array):
+        dist, value = apply_fn(params, mb.obs)
+        logp = dist.log_prob(mb.action)
+        pg, vl, clip_frac = clipped_losses(logp, mb.logp, adv, value, mb.value, target, cfg.clip_eps)
+        ent = jnp.mean(dist.entropy())
+        total = pg + cfg.vf_coef * vl - cfg.ent_coef * ent
+        approx_kl = jnp.mean((jnp.exp(logp - mb.logp) - 1.0) - (logp - mb.logp))
+        return total, (pg, vl, ent, approx_kl, clip_frac)
+
+    grad_of = jax.grad(loss_fn, has_aux=True)
+    chunk_rows = max(512, mb_size // 32) if cfg.grad_chunk_rows is None else cfg.grad_chunk_rows
+    chunks = mb_size // chunk_rows if chunk_rows and mb_size % chunk_rows == 0 else 1
+
+    def grad_fn(params, trans, adv, target):
+        if chunks == 1:
+            return grad_of(params, trans, adv, target)
+        # Large minibatches: the mean gradient as the mean of equal row chunks' gradients, so each
+        # chunk's activations stay in cache instead of streaming every layer through memory.
+        split = jax.tree.map(lambda x: x.reshape((chunks, -1) + x.shape[1:]), (trans, adv, target))
+
+        def acc(total, xs):
+            g, aux = grad_of(params, *xs)
+            return jax.tree.map(jnp.add, total, g), aux
+
+        zero = jax.tree.map(jnp.zeros_like, params)
+        total, aux = jax.lax.scan(acc, zero, split)
+        return jax.tree.map(lambda g: g / chunks, total), jax.tree.map(jnp.mean, aux)
+
+    def minibatch_step(carry, mb):
+        params, opt_state = carry
+        trans, adv, target = mb
+        if cfg.normalize_advantages:
+            mean = pmean(jnp.mean(adv))
+            var = pmean(jnp.mean(jnp.square(adv - mean)))
+            adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
+        grads, aux = grad_fn(params, trans, adv, target)
+        grads = pmean(grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), aux
+
+    def epoch(carry, _):
+        params, opt_state, key, data = carry
+        key, k_perm = jax.random.split(key)
+        perm = jax.random.permutation(k_perm, batch)
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0).reshape((cfg.minibatches, mb_size) + x.shape[1:]), data)
+        (params, opt_state), aux = jax.lax.scan(minibatch_step, (params, opt_state), shuffled)
+        return (params, opt_state, key, data), aux
+
+    def update(rs: RunnerState, _=None) -> tuple[RunnerState, UpdateMetrics]:
+        key, k_rollout = jax.random.split(rs.key)
+        (params, slot, obs), (traj, fin_ret, fin_len) = rollout(rs.params, rs.slot, rs.obs, k_rollout)
+        _, last_value = apply_fn(params, obs)
+        adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda)
+        flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
+        (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
+        pg, vl, ent, kl, cf = (jnp.mean(a) for a in aux)
+        done = traj.done
+        metrics = UpdateMetrics(jnp.sum(fin_ret), jnp.sum(done.astype(jnp.int32)), jnp.sum(fin_len), pg, vl, ent, kl, cf)
+        return RunnerState(params, opt_state, slot, obs, key, rs.update + 1), metrics
+
+    return update
