@@ -1,0 +1,92 @@
+"""`tide run CONFIG`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.config import ConfigError, TideConfig, dump_config, load_config
+from orchestrator.rundir import RunDir
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine.")
+
+
+def _fail(msg: str, code: int) -> None:
+    typer.echo(msg, err=True)
+    raise typer.Exit(code)
+
+
+def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
+    if cfg.engine == "jax":
+        from orchestrator.jax_loop import run_jax
+
+        run.config_file.write_text(dump_config(cfg))
+        run_jax(cfg, run, resume)
+        return
+    from orchestrator.loop import run_iterations
+    from orchestrator.session import Session
+
+    session = Session.open(cfg, run, resume)
+    try:
+        run_iterations(session)
+    finally:
+        session.close()
+
+
+@app.command()
+def run(config: Path = typer.Argument(..., help="YAML config"),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>")) -> None:
+    """Start a run from a YAML config."""
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
+    run = RunDir(path)
+    if run.latest_checkpoint() is not None:
+        _fail(f"{path} already holds a run with checkpoints: `tide resume {path}` continues it, "
+              f"or choose another --run-dir", 2)
+    _guarded(lambda: _execute(cfg, run, resume=False))
+
+
+@app.command()
+def resume(run_dir: Path = typer.Argument(..., help="a run directory written by `tide run`")) -> None:
+    """Continue a killed or finished run from its newest complete checkpoint."""
+    if not (run_dir / "config.yaml").is_file():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+    except ConfigError as e:
+        _fail(str(e), 2)
+    _guarded(lambda: _execute(cfg, RunDir(run_dir), resume=True))
+
+
+@app.command()
+def inspect(run_dir: Path = typer.Argument(..., help="a run directory"),
+            plot: bool = typer.Option(True, help="write RUN_DIR/timings.png")) -> None:
+    """Per-phase timing table and a plot of phase time and reward per iteration."""
+    from orchestrator.inspect import inspect_run
+
+    if not (run_dir / "timings.jsonl").is_file():
+        _fail(f"{run_dir} has no timings.jsonl", 2)
+    inspect_run(RunDir(run_dir), plot=plot)
+
+
+def _guarded(fn) -> None:
+    try:
+        fn()
+    except KeyboardInterrupt:
+        _fail("interrupted; `tide resume` continues from the newest checkpoint", 130)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        _fail(f"error: {type(e).__name__}: {e}", 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

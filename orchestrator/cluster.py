@@ -1,0 +1,35 @@
+"""Ray: start a local cluster (the embedded default) or join one (`ray.address`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Local single-user clusters: no token auth, no usage stats. Set before Ray is imported anywhere.
+_RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "1"}
+
+
+@dataclass
+class Cluster:
+    started_here: bool
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()  # a cluster we joined keeps running; one we started stops with its driver
+
+
+def connect(address: str | None, namespace: str, num_cpus: int | None = None, log_to_driver: bool = False) -> Cluster:
+    for k, v in _RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    if ray.is_initialized():
+        return Cluster(started_here=False)
+    kwargs = dict(namespace=namespace, include_dashboard=False, log_to_driver=log_to_driver,
+                  runtime_env={"env_vars": {k: os.environ[k] for k in _RAY_ENV}})
+    if address:
+        ray.init(address=address, **kwargs)
+        return Cluster(started_here=False)
+    ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    return Cluster(started_here=True)

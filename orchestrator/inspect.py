@@ -1,0 +1,81 @@
+"""`tide inspect`: per-phase table (count, median, total, share) and a PNG of phase time and reward."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.rundir import RunDir
+
+PHASE_ORDER = ["warmup", "compile", "rollout", "reward", "train", "publish", "sync", "checkpoint"]
+
+
+def phase_table(timings: list[dict]) -> list[dict]:
+    by_phase: dict[str, list[float]] = defaultdict(list)
+    for r in timings:
+        by_phase[r["phase"]].append(r["seconds"])
+    total = sum(sum(v) for v in by_phase.values()) or 1.0
+    order = sorted(by_phase, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER), p))
+    return [{"phase": p, "count": len(by_phase[p]), "median_s": statistics.median(by_phase[p]),
+             "total_s": sum(by_phase[p]), "share": sum(by_phase[p]) / total} for p in order]
+
+
+def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) -> Path | None:
+    console = console or Console()
+    rows = phase_table(run.timings())
+    table = Table(title=f"{run.name}: time per phase")
+    for col in ("phase", "count", "median s", "total s", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in rows:
+        table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}", f"{r['share']:.1%}")
+    console.print(table)
+    metrics = run.metrics()
+    if metrics:
+        last = metrics[-1]
+        key = "reward_mean" if "reward_mean" in last else "episode_return_mean"
+        console.print(f"{len(metrics)} iterations; {key}: first {metrics[0].get(key)}, last {last.get(key)}")
+    if not plot:
+        return None
+    out = run.path / "timings.png"
+    plot_run(run.timings(), metrics, out, title=run.name)
+    console.print(f"wrote {out}")
+    return out
+
+
+def plot_run(timings: list[dict], metrics: list[dict], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = sorted({r["iteration"] for r in timings if r["iteration"] > 0})
+    phases = [p for p in PHASE_ORDER if any(r["phase"] == p and r["iteration"] > 0 for r in timings)]
+    phases += sorted({r["phase"] for r in timings if r["iteration"] > 0} - set(phases))
+    per = defaultdict(float)
+    for r in timings:
+        per[(r["iteration"], r["phase"])] += r["seconds"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    bottom = [0.0] * len(its)
+    for p in phases:
+        vals = [per[(i, p)] for i in its]
+        ax1.bar(its, vals, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax1.set_ylabel("seconds")
+    ax1.set_title(f"{title}: time per phase per iteration")
+    ax1.legend(loc="upper right", fontsize=8, ncol=3)
+    key = next((k for k in ("reward_mean", "episode_return_mean") if metrics and k in metrics[0]), None)
+    if key:
+        ax2.plot([m["iteration"] for m in metrics], [m[key] for m in metrics], marker="o")
+        ax2.set_ylabel(key)
+        if "accuracy" in metrics[0]:
+            ax2.plot([m["iteration"] for m in metrics], [m["accuracy"] for m in metrics], marker=".", alpha=0.6,
+                     label="accuracy")
+            ax2.legend(loc="lower right", fontsize=8)
+    ax2.set_xlabel("iteration")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

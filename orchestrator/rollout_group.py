@@ -1,0 +1,60 @@
+"""The rollout engines as Ray actors: prompts are split across engines, every engine syncs every iteration."""
+from __future__ import annotations
+
+import ray
+
+from ckpt_transfer.manifest import Manifest
+from rollout.samples import Samples
+from rollout.tasks import Problem
+
+
+class RolloutGroup:
+    def __init__(self, model_dirs: list[str], engine_cfg, timeout_s: float):
+        """One engine per directory (each engine's own copy of the starting weights)."""
+        from rollout.engine import RolloutEngine
+
+        self.timeout = timeout_s
+        actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine)
+        self.engines = [actor.remote(d, engine_cfg) for d in model_dirs]
+        try:
+            ray.get([e.engine_pid.remote() for e in self.engines], timeout=timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def generate(self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float,
+                 seed: int) -> Samples:
+        k = len(self.engines)
+        bounds = [len(problems) * i // k for i in range(k + 1)]
+        refs = [e.generate.remote(problems[lo:hi], n_samples, max_new_tokens, temperature, seed + lo)
+                for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
+        out = Samples()
+        for lo, part in zip(bounds, ray.get(refs, timeout=self.timeout)):
+            for s in part.items:
+                s.prompt_index += lo
+                out.items.append(s)
+        return out
+
+    def score_sequences(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[list[float]]]:
+        """Teacher-forced log-probs from every engine (each must agree with the trainer)."""
+        return ray.get([e.score_sequences.remote(prompt_ids, completion_ids) for e in self.engines],
+                       timeout=self.timeout)
+
+    def sync(self, manifests: Manifest | list[Manifest], mode: str) -> list[dict]:
+        """Load an iteration into every engine: one manifest for all, or one per engine (each engine's
+        own local copy after a transfer)."""
+        if isinstance(manifests, Manifest):
+            manifests = [manifests] * len(self.engines)
+        return ray.get([e.sync.remote(m, mode) for e, m in zip(self.engines, manifests)], timeout=self.timeout)
+
+    def engine_pids(self) -> list[int]:
+        return ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
+
+    def shutdown(self) -> None:
+        for e in self.engines:
+            try:
+                ray.get(e.shutdown.remote(), timeout=120)
+            except Exception:  # already dead: nothing of ours left inside it
+                pass
+            ray.kill(e)
+        self.engines = []

@@ -1,0 +1,109 @@
+"""The trainer ranks as Ray actors, driven together (every call goes to all ranks: they share collectives)."""
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+
+from ckpt_transfer.manifest import Manifest, ShardRecord
+from ckpt_transfer.writer import finalize_manifest
+from trainer.batch import TrainBatch, TrainerSpec
+
+
+class _Rank:
+    """Thin actor shell: the Megatron worker is built in `setup`, after rank 0 has chosen the rendezvous port."""
+
+    def address(self) -> tuple[str, int]:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int) -> bool:
+        from trainer.megatron.worker import MegatronWorker
+
+        self.worker = MegatronWorker(spec, rank, world, addr, port)
+        return True
+
+    def call(self, method: str, *args, **kwargs) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def node(self) -> str:
+        return ray.util.get_node_ip_address()
+
+
+class TrainerGroup:
+    def __init__(self, spec: TrainerSpec, timeout_s: float = 900):
+        self.spec, self.timeout = spec, timeout_s
+        self.world = spec.tp * spec.pp * max(spec.ep, 1)
+        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if spec.device == "cpu" else {}
+        resources = {"num_gpus": 1} if spec.device == "cuda" else {"num_cpus": 0}
+        actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
+        self.ranks = [actor.remote() for _ in range(self.world)]
+        try:
+            addr, port = self._get(self.ranks[0].address.remote())
+            self._get([r.setup.remote(spec, i, self.world, addr, port) for i, r in enumerate(self.ranks)])
+            self.node = self._get(self.ranks[0].node.remote())
+        except BaseException:
+            for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
+                ray.kill(r)
+            raise
+
+    def _get(self, refs):
+        return ray.get(refs, timeout=self.timeout)
+
+    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+        args = tuple(ray.put(a) if isinstance(a, TrainBatch) else a for a in args)
+        return self._get([r.call.remote(method, *args, **kwargs) for r in self.ranks])
+
+    def _reported(self, results: list[Any]) -> Any:
+        return next(r for r in results if r is not None and (not isinstance(r, dict) or r.get("reporting", True)))
+
+    def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None, updates: int = 1) -> dict:
+        return self._reported(self._all("train_step", batch, mode, lr, updates))
+
+    def logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        merged: dict[int, list[float]] = {}
+        for r in self._all("logprobs", batch):
+            if r:
+                merged.update(r)
+        return [merged[i] for i in range(len(batch.sequences))]
+
+    def logits(self, token_lists: list[list[int]]):
+        return next(r for r in self._all("logits", token_lists) if r is not None)
+
+    def publish(self, run: str, iteration: int, directory: str, shard_bytes: int) -> Manifest:
+        results = self._all("publish", directory, self.node, shard_bytes)
+        records = [ShardRecord.from_dict(d) for r in results for d in r["shards"]]
+        aux = sorted({name for r in results for name in r["aux_files"]})
+        manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,
+                            tp_size=self.spec.tp)
+        finalize_manifest(manifest)
+        return manifest
+
+    def save_checkpoint(self, path: str) -> None:
+        self._all("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._all("load_checkpoint", path)
+
+    def parameter_digests(self) -> list[str]:
+        return self._all("parameter_digest")
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            try:
+                ray.get(r.call.remote("shutdown"), timeout=30)
+            except Exception:  # a dead rank has nothing left to shut down
+                pass
+            ray.kill(r)
+        self.ranks = []
+
+
+def trainer_spec(cfg, hf_dir: str) -> TrainerSpec:
+    t = cfg.trainer
+    return TrainerSpec(hf_dir=hf_dir, device=t.device, backend=t.backend, tp=t.parallel.tp, pp=t.parallel.pp,
+                       ep=t.parallel.ep, loss=t.loss, lr=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+                       kimi_tau=t.kimi_tau, clip_eps=t.clip_eps, micro_batch_size=t.micro_batch_size,
+                       seed=cfg.seed, deterministic=cfg.deterministic, dtype=cfg.model.dtype)
+

@@ -1,0 +1,97 @@
+"""Session-wide fixtures: one local Ray cluster, one tiny HF model, one rollout engine actor.
+
+Engine starts cost 30-80 s on this machine, so every test module shares the same actor. A module that syncs
+other weights into `rollout_engine` syncs the weights of `tiny_model_dir` back before it ends.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Read by Ray when the cluster starts; set before anything imports ray.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+_SHM = "/dev/shm"
+_SHM_PREFIXES = ("psm_", "sem.mp-", "tide-test-")
+
+
+def _shm_in_use() -> set[str]:
+    """Names under /dev/shm that some live process maps or holds open."""
+    from rollout.engine_proc import engine_segments
+
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    used = {os.path.basename(p) for p in engine_segments(pids)}
+    for pid in pids:  # engine_segments only reports vLLM's own prefixes; semaphores are named sem.mp-*
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used |= {os.path.basename(l.split()[-1]) for l in f if "/dev/shm/sem." in l}
+        except OSError:
+            continue
+    return used
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_shared_memory_left_behind():
+    """Processes killed on purpose (SIGKILLed drivers and engines) cannot unlink their shared-memory
+    segments. After the session, remove what appeared during it that no live process still uses; what
+    existed before the session is never touched."""
+    before = set(os.listdir(_SHM))
+    yield
+    import shutil
+
+    in_use = _shm_in_use()
+    for name in set(os.listdir(_SHM)) - before:
+        if name.startswith(_SHM_PREFIXES) and name not in in_use:
+            path = os.path.join(_SHM, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A fresh local Ray cluster for the whole session (never joins another one); yields {"address": gcs}."""
+    import ray
+
+    if ray.is_initialized():  # started by someone else in this process: share it, don't stop it
+        yield {"address": ray.get_runtime_context().gcs_address}
+        return
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tide_test",
+                   log_to_driver=True, configure_logging=False)
+    try:
+        yield {"address": ctx.address_info["gcs_address"]}
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny Qwen2 HF directory (random init, float32). head_dim is 32: vLLM's CPU attention kernels
+    support head sizes 32, 64, 80, ... only."""
+    from rollout.tasks import AdditionTask
+    from trainer.tiny_model import TinySpec, build_tiny_model
+
+    spec = TinySpec(hidden_size=64, num_heads=2, num_kv_heads=1)
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", AdditionTask(1).corpus(), spec)
+
+
+@pytest.fixture(scope="session")
+def rollout_engine(ray_cluster, tiny_model_dir):
+    """A RolloutEngine Ray actor on `tiny_model_dir` (TP=1, float32, prefix caching on), wrapped like the
+    orchestrator wraps it (max_concurrency=2: info/engine_pid answer while a generate runs)."""
+    import ray
+
+    from rollout.engine import EngineConfig, RolloutEngine
+
+    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=2, start_timeout_s=400)
+    actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine).remote(str(tiny_model_dir), cfg)
+    ray.get(actor.info.remote(), timeout=600)  # the constructor ran: the engine is up
+    try:
+        yield actor
+    finally:
+        try:
+            ray.get(actor.shutdown.remote(), timeout=120)
+        finally:
+            ray.kill(actor)

@@ -1,0 +1,124 @@
+"""Megatron ranks in each parallel layout publish HF shards whose merged checkpoint gives the Megatron model's
+logits in transformers (after training steps, so the weights are no longer the initial ones)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from ckpt_transfer.manifest import Manifest
+from ckpt_transfer.reslice import materialize_whole
+from rollout.tasks import AdditionTask
+from trainer.batch import TrainBatch, TrainerSpec, TrainSequence
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_dense_dir(tmp_path_factory):
+    from trainer.tiny_model import TinySpec, build_tiny_model
+
+    # two key/value heads, so that TP=2 gives each rank one query group
+    spec = TinySpec(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96, init_std=0.1)
+    return build_tiny_model(tmp_path_factory.mktemp("dense") / "model", AdditionTask(1).corpus(), spec)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    from trainer.tiny_model import TinySpec, build_tiny_model
+
+    # init_std 0.3 makes routing decisions sharp, so a wrong expert order shows in the logits
+    spec = TinySpec(architecture="mixtral", hidden_size=32, intermediate_size=48, num_experts=4, init_std=0.3)
+    return build_tiny_model(tmp_path_factory.mktemp("moe") / "model", AdditionTask(1).corpus(), spec)
+
+
+@pytest.mark.parametrize("arch,tp,pp,ep", [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1),
+                                           ("dense", 2, 2, 1), ("moe", 1, 1, 2)],
+                         ids=["tp1", "tp2", "pp2", "tp2xpp2", "moe-ep2"])
+def test_published_checkpoint_matches_megatron_logits(ray_cluster, tiny_dense_dir, tiny_moe_dir, tmp_path,
+                                                      arch, tp, pp, ep):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from orchestrator.trainer_group import TrainerGroup
+
+    model_dir = tiny_moe_dir if arch == "moe" else tiny_dense_dir
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = AdditionTask(1).sft_examples(0, 32)
+    seqs = [TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples]
+    group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), tp=tp, pp=pp, ep=ep, micro_batch_size=8))
+    try:
+        losses = [group.train_step(TrainBatch(seqs), mode="sft", lr=1e-2)["loss"] for _ in range(3)]
+        assert losses[-1] < losses[0]
+        shm = f"/dev/shm/tide-test-publish-{arch}-{tp}-{pp}-{ep}"
+        manifest = group.publish("layouts", 1, f"{shm}/0000001", shard_bytes=1 << 16)
+        assert Manifest.load(manifest.directory).nbytes == manifest.nbytes
+        tokens = [s.prompt_ids + s.completion_ids for s in seqs[:4]]
+        megatron_logits = group.logits(tokens)
+    finally:
+        group.shutdown()
+    whole = materialize_whole(manifest, tmp_path / "whole")
+    hf = AutoModelForCausalLM.from_pretrained(whole, dtype=torch.float32)
+    for toks, ref in zip(tokens, megatron_logits):
+        with torch.no_grad():
+            got = hf(torch.tensor([toks])).logits[0]
+        assert (got - ref).abs().max().item() <= 1e-4
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_impossible_layout_is_refused_by_name(ray_cluster, tiny_model_dir):
+    from orchestrator.trainer_group import TrainerGroup
+
+    with pytest.raises(Exception, match=r"num_key_value_heads \(1\) is not divisible by trainer.parallel.tp \(2\)"):
+        TrainerGroup(TrainerSpec(hf_dir=str(tiny_model_dir), tp=2), timeout_s=300)
+
+
+def _sft_batch(model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = AdditionTask(1).sft_examples(1, 16)
+    return TrainBatch([TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples])
+
+
+def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_dir, tmp_path):
+    from orchestrator.trainer_group import TrainerGroup
+
+    batch = _sft_batch(tiny_dense_dir)
+    tokens = [s.prompt_ids + s.completion_ids for s in batch.sequences[:3]]
+    tp2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_dense_dir), tp=2, micro_batch_size=8))
+    try:
+        for _ in range(2):
+            tp2.train_step(batch, mode="sft", lr=1e-2)
+        tp2.save_checkpoint(str(tmp_path))
+        before = tp2.logits(tokens)
+        next_loss = tp2.train_step(batch, mode="sft", lr=1e-2)["loss"]
+    finally:
+        tp2.shutdown()
+    pp2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_dense_dir), pp=2, micro_batch_size=8))
+    try:
+        pp2.load_checkpoint(str(tmp_path))
+        after = pp2.logits(tokens)
+        resumed_loss = pp2.train_step(batch, mode="sft", lr=1e-2)["loss"]
+    finally:
+        pp2.shutdown()
+    for a, b in zip(before, after):
+        assert (a - b).abs().max().item() <= 1e-5
+    assert resumed_loss == pytest.approx(next_loss, abs=1e-5)  # optimizer state came along
+
+
+def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, tiny_moe_dir, tmp_path):
+    from orchestrator.trainer_group import TrainerGroup
+
+    ep2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_moe_dir), ep=2))
+    try:
+        ep2.train_step(_sft_batch(tiny_moe_dir), mode="sft")
+        ep2.save_checkpoint(str(tmp_path))
+    finally:
+        ep2.shutdown()
+    ep1 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_moe_dir), ep=1))
+    try:
+        with pytest.raises(Exception, match="cannot reshard its optimizer state into tp=1 pp=1 ep=1"):
+            ep1.load_checkpoint(str(tmp_path))
+    finally:
+        ep1.shutdown()
