@@ -258,7 +258,10 @@ class RolloutEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         # Read once when vLLM is first imported in this process.
         os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.start_timeout_s))
-        if cfg.tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
+        # Explicit for tp=1 too: vLLM's "auto" binding reserves a core for its scheduler and keeps one logical
+        # CPU per physical core, which left the model one thread on a 2-vCPU machine (half the tokens/s of
+        # binding both; scripts/bench_rollout.py). Ignored on GPUs.
+        if "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(cfg.tp)
         os.environ.update(cfg.extra_env)
 

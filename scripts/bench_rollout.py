@@ -9,6 +9,11 @@ The model is a Qwen2-architecture decoder of about 100M parameters (random init,
 EOS or `max_new_tokens`, and use every core; tokens are counted as generated (EOS-stopped sequences count
 only what they produced), so the metric does not favour either side's stopping. HF batches all prompts x
 samples in one `generate` call (its best case on CPU); the first call of each side is a warm-up.
+
+Floor: decoding is bound by the float32 matrix multiplications of the linear layers on these cores, the same
+torch kernels for both sides. `ceiling_tokens_per_s` = measured GEMM FLOP/s (all threads, the model's own
+shapes at the benchmark's batch) / (2 x linear-layer parameters) per generated token, attention left out (so
+it is an upper bound); each side's fraction of it shows how much room a faster engine could still find.
 """
 from __future__ import annotations
 
@@ -69,6 +74,25 @@ class HFGenerate:
         return produced
 
 
+def gemm_ceiling(model, batch: int, repeats: int = 5) -> tuple[float, float]:
+    """(GEMM FLOP/s over the model's linear-layer shapes at `batch` rows, FLOPs per token)."""
+    import time
+
+    import torch
+
+    shapes = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    flops_per_token = sum(2 * o * i for o, i in shapes)
+    weights = [torch.randn(o, i) for o, i in shapes]
+    x = {i: torch.randn(batch, i) for _, i in shapes}
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for w in weights:
+            torch.nn.functional.linear(x[w.shape[1]], w)
+        best = min(best, time.perf_counter() - t0)
+    return flops_per_token * batch / best, flops_per_token
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -103,9 +127,16 @@ def main() -> None:
         tide_rate(), hf_rate()  # warm-up
         a, b = alternate(tide_rate, hf_rate, repeats)
         params = sum(p.numel() for p in hf.model.parameters())
+        flops, per_token = gemm_ceiling(hf.model, n_prompts * n_samples)
+        ceiling = flops / per_token
         row = report.add("rollout generate", "tide RolloutEngine (vLLM)", "transformers generate",
                          "generated tokens/s", a, b, parameters=params, prompts=n_prompts, samples_per_prompt=n_samples,
-                         max_new_tokens=max_new)
+                         max_new_tokens=max_new, gemm_gflops=flops / 1e9, ceiling_tokens_per_s=ceiling)
+        row["contender_fraction_of_ceiling"] = row["contender_median"] / ceiling
+        row["baseline_fraction_of_ceiling"] = row["baseline_median"] / ceiling
+        row["max_ratio_allowed_by_ceiling"] = ceiling / row["baseline_median"]
+        print(f"GEMM ceiling {ceiling:.0f} tokens/s ({flops / 1e9:.1f} GFLOP/s); tide {row['contender_median']:.0f}, "
+              f"HF {row['baseline_median']:.0f}: at most {ceiling / row['baseline_median']:.2f}x HF is possible here")
         report.goal("rollout_tokens_per_s_vs_hf_generate", row["ratio"], TARGET)
         engine.shutdown()
     finally:
