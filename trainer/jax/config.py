@@ -36,7 +36,8 @@ class JaxConfig(BaseModel):
     devices: int | None = Field(None, gt=0)  # devices to spread shards over; None: as many as divide shards
     target_return: float = 475.0  # reported in metrics (`solved`); training does not stop early
     # Minibatches are differentiated in row chunks of this size (same mean gradient, cache-sized
-    # activations). None: automatic (max(512, minibatch rows / 32), measured best here); 0: never.
+    # activations). None: automatic (2048-row chunks when the minibatch is larger, measured best here);
+    # 0: never.
     grad_chunk_rows: int | None = Field(None, ge=0)
     scan_unroll: int = Field(1, gt=0)  # lax.scan unroll of the rollout loop
     compilation_cache_dir: str | None = ".cache/jax"
