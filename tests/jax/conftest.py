@@ -13,16 +13,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import pytest  # noqa: E402
 
-from trainer.jax.config import JaxConfig  # noqa: E402
-
-# Tiny settings: a few seconds of compile, well under a second per chunk.
-TINY = dict(env="CartPole-v1", num_envs=4, num_steps=16, updates_per_iteration=2, epochs=2, minibatches=2,
-            hidden_sizes=[16, 16])
-
-
-def tiny(**overrides) -> JaxConfig:
-    return JaxConfig(**{**TINY, **overrides})
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _compilation_cache():

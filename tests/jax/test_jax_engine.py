@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny
+from jax_helpers import tiny
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 

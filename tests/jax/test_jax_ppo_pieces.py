@@ -102,7 +102,7 @@ def test_config_validation_and_no_jax_import():
 
 def test_chunked_gradient_equals_whole_minibatch_gradient():
     """Differentiating a minibatch in row chunks is a speed choice only: same parameters after a chunk."""
-    from conftest import tiny
+    from jax_helpers import tiny
     from trainer.jax.engine import Engine, flat_params
 
     # 4 envs x 16 steps / 2 minibatches = 32 rows per minibatch; 8-row chunks give 4 chunks

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import TINY
+from jax_helpers import TINY
 
 pytestmark = pytest.mark.timeout(240, method="thread")
 
