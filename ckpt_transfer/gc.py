@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ckpt_transfer.manifest import MANIFEST_FILE
+from ckpt_transfer.recycle import SHARD_SUFFIX, recycle_shards
 from ckpt_transfer.transport import PARTIAL_SUFFIX
 
 
@@ -31,16 +32,23 @@ def remove_iteration(path: str | os.PathLike[str]) -> None:
     shutil.rmtree(p, ignore_errors=True)
 
 
-def gc_iterations(run_root: str | os.PathLike[str], keep_last: int, protect: Iterable[int] = ()) -> list[int]:
+def gc_iterations(run_root: str | os.PathLike[str], keep_last: int, protect: Iterable[int] = (),
+                  recycle: bool = False) -> list[int]:
     """Keep the newest `keep_last` iterations (and those in `protect`, e.g. the one vLLM is serving);
-    remove the older ones. Returns the removed iteration numbers."""
+    remove the older ones. Returns the removed iteration numbers. With `recycle`, the removed shard files go
+    to the run's recycle pool for the next publish to overwrite (see `recycle`); only for a root that no
+    transport serves."""
     if keep_last < 1:
         raise ValueError("keep_last must be >= 1")
     dirs = iteration_dirs(run_root)
     keep = {it for it, _ in dirs[-keep_last:]} | set(protect)
+    budget = sum(f.stat().st_size for f in dirs[-1][1].glob(f"*{SHARD_SUFFIX}")) if dirs else 0
     removed = []
     for it, p in dirs:
         if it not in keep:
+            (p / MANIFEST_FILE).unlink(missing_ok=True)
+            if recycle:
+                recycle_shards(p, budget)
             remove_iteration(p)
             removed.append(it)
     return removed

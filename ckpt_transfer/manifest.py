@@ -59,7 +59,7 @@ class Manifest:
         return sum(s.nbytes for s in self.shards)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        return json.dumps(asdict(self), separators=(",", ":"))  # compact: C encoder, ~5x faster than indent
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":

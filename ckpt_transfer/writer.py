@@ -2,18 +2,24 @@
 them as ShardRecords for the manifest."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import mmap
 import os
 import shutil
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
-from safetensors.torch import save_file
 
-from .checksum import checksum_file
+from .checksum import IncrementalChecksum
 from .convert.common import HFTensor
 from .manifest import Manifest, ShardRecord, TensorRecord
+from .recycle import pool_dir, take_recycled
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -22,6 +28,8 @@ AUX_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
 
 
 INDEX_FILE = "model.safetensors.index.json"
+WRITE_CHUNK = 4 << 20  # copy then CRC each 4 MiB, so the CRC reads bytes still in cache
+MIN_SPLIT_BYTES = 32 << 20  # the stream is not cut into files smaller than this to give threads work
 
 
 def iteration_dir(shm_root: str | Path, run: str, iteration: int) -> Path:
@@ -29,40 +37,173 @@ def iteration_dir(shm_root: str | Path, run: str, iteration: int) -> Path:
 
 
 def write_shards(stream: Iterable[HFTensor], out_dir: str | Path, *, node: str, prefix: str,
-                 shard_bytes: int, dtype: str = "float32") -> list[ShardRecord]:
-    """Group the stream into files of about `shard_bytes` each. A file is written under a temporary name
-    and renamed once complete, so a reader never opens half a shard."""
+                 shard_bytes: int, dtype: str = "float32", threads: int = 2) -> list[ShardRecord]:
+    """Write the stream as safetensors files of at most `shard_bytes` each, `threads` files at a time.
+
+    tmpfs serializes writes to one file (the inode lock; measured here: two threads into one file 3.5 GB/s,
+    into two files 6.0 GB/s), so the bytes are spread over at least `threads` files, none smaller than
+    MIN_SPLIT_BYTES unless the whole stream is. Each file is written under a temporary name and renamed once
+    complete, so a reader never opens half a shard, and reuses the pages of a collected iteration when the
+    run's recycle pool has a file (ckpt_transfer.recycle)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = _DTYPES[dtype]
-    records: list[ShardRecord] = []
-    pending: list[HFTensor] = []
-    pending_bytes = 0
-
-    def flush() -> None:
-        nonlocal pending, pending_bytes
-        if not pending:
-            return
-        path = out_dir / f"{prefix}-{len(records):05d}.safetensors"
-        tensors = {t.name: t.tensor.detach().to(target).contiguous() for t in pending}
-        tmp = path.with_name(path.name + ".partial")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.rename(path)
-        records.append(ShardRecord(
-            file=path.name, node=node, nbytes=path.stat().st_size, checksum=checksum_file(path),
-            tensors=tuple(TensorRecord(t.name, dtype, tuple(t.tensor.shape), t.tp_rank, t.tp_size, t.tp_dim)
-                          for t in pending),
-        ))
-        pending, pending_bytes = [], 0
-
-    for t in stream:
+    items = list(stream)
+    total = sum(t.tensor.numel() * target.itemsize for t in items)
+    file_bytes = min(shard_bytes, max(MIN_SPLIT_BYTES, math.ceil(total / threads)))
+    groups: list[list[HFTensor]] = []
+    size = 0
+    for t in items:
         nbytes = t.tensor.numel() * target.itemsize
-        if pending and pending_bytes + nbytes > shard_bytes:
-            flush()
-        pending.append(t)
-        pending_bytes += nbytes
-    flush()
-    return records
+        if not groups or (groups[-1] and size + nbytes > file_bytes):
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += nbytes
+    pool = pool_dir(out_dir.parent)
+    MAPPINGS.prune()
+
+    def write(index: int) -> ShardRecord:
+        group = groups[index]
+        path = out_dir / f"{prefix}-{index:05d}.safetensors"
+        tensors = [(t.name, t.tensor.detach().to("cpu", target)) for t in group]
+        shapes = {t.name: t.shape for t in group if t.shape is not None}
+        nbytes, checksum = write_safetensors(path, tensors, {"format": "pt"}, recycle_pool=pool, shapes=shapes)
+        return ShardRecord(
+            file=path.name, node=node, nbytes=nbytes, checksum=checksum,
+            tensors=tuple(TensorRecord(t.name, dtype, t.hf_shape, t.tp_rank, t.tp_size, t.tp_dim) for t in group),
+        )
+
+    if threads == 1 or len(groups) == 1:
+        return [write(i) for i in range(len(groups))]
+    with ThreadPoolExecutor(min(threads, len(groups)), thread_name_prefix="shard-writer") as ex:
+        return list(ex.map(write, range(len(groups))))
+
+
+def safetensors_header(tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str],
+                       shapes: Mapping[str, tuple[int, ...]] | None = None) -> bytes:
+    """The safetensors prefix: little-endian u64 header length, then the JSON header (padded with spaces to
+    8 bytes, so tensor data starts aligned), tensors laid out in the given order; `shapes` overrides a
+    tensor's shape (same elements, same order)."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        shape = list((shapes or {}).get(name, t.shape))
+        header[name] = {"dtype": _SAFETENSORS_DTYPE[t.dtype], "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(len(text) + 8) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+class FileMappings:
+    """Writable shared mappings of the shard files this process wrote, kept from one publish to the next.
+
+    A recycled file comes back with its pages, and a mapping of it kept from an earlier publish still has
+    its page tables filled in, so writing it is a plain memcpy (9.2 GB/s here, against 4.4 GB/s for
+    pwrite into the same tmpfs pages, which walks the page cache page by page under the file's lock).
+    A mapping keeps its file's memory alive after the file is deleted, so every publish first drops the
+    mappings of deleted files (`prune`)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int], tuple[int, mmap.mmap]] = {}  # (dev, inode) -> (own fd, mapping)
+        self._lock = threading.Lock()
+
+    def prune(self) -> None:
+        with self._lock:
+            for key, (fd, m) in list(self._maps.items()):
+                if os.fstat(fd).st_nlink == 0:
+                    self._close(key)
+
+    def map(self, fd: int, size: int) -> mmap.mmap:
+        """A mapping of exactly `size` bytes of the open file `fd` (whose size the caller has set)."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            entry = self._maps.get(key)
+            if entry is not None and len(entry[1]) == size:
+                return entry[1]
+            if entry is not None:
+                self._close(key)
+            # MAP_POPULATE: the page tables are filled in one call, not one fault per page
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            self._maps[key] = (os.dup(fd), m)
+            return m
+
+    def _close(self, key: tuple[int, int]) -> None:
+        fd, m = self._maps.pop(key)
+        m.close()
+        os.close(fd)
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+
+MAPPINGS = FileMappings()  # per process: a trainer rank keeps its shard mappings across publishes
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str], *,
+                      recycle_pool: Path | None = None,
+                      shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, str]:
+    """Write CPU tensors (any strides; `shapes` as in safetensors_header) as one safetensors file,
+    checksumming each piece as it lands; return (bytes, checksum).
+
+    Written by hand rather than with safetensors.torch.save_file because that writer truncates its target,
+    so it cannot reuse recycled pages or a kept mapping, and wants contiguous tensors; the files load with
+    safetensors, transformers and vLLM like any other (tests/ckpt_transfer/test_writer.py and the publish
+    integration tests check that)."""
+    header = torch.frombuffer(bytearray(safetensors_header(tensors, metadata, shapes)), dtype=torch.uint8)
+    total = header.numel() + sum(t.numel() * t.element_size() for _, t in tensors)
+    partial = path.with_name(path.name + ".partial")
+    recycled = recycle_pool is not None and take_recycled(recycle_pool, total, partial)
+    if not recycled:
+        partial.unlink(missing_ok=True)
+    crc = IncrementalChecksum()
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, total)
+        # New pages: pwrite fills them without zeroing them first (a mapping would fault in zeroed pages:
+        # 1.6 against 1.0 GB/s here). Recycled pages: copy into the kept mapping.
+        dst = torch.frombuffer(MAPPINGS.map(fd, total), dtype=torch.uint8) if recycled else None
+        offset = 0
+        for block in itertools.chain([header], *(_row_blocks(t) for _, t in tensors)):
+            n = block.numel() * block.element_size()
+            if dst is not None:
+                region = dst[offset : offset + n]
+                if offset % block.element_size() == 0:
+                    region.view(block.dtype).view(block.shape).copy_(block)
+                else:  # after an odd-sized tensor of a narrower dtype
+                    region.copy_(block.contiguous().reshape(-1).view(torch.uint8))
+            else:
+                region = block.contiguous().reshape(-1).view(torch.uint8)
+                _pwrite_all(fd, memoryview(region.numpy()), offset)
+            crc.update(region.numpy())
+            offset += n
+        del dst, region
+    finally:
+        os.close(fd)
+    partial.rename(path)
+    return total, crc.hexdigest()
+
+
+def _row_blocks(t: torch.Tensor) -> Iterable[torch.Tensor]:
+    """`t` in consecutive blocks of about WRITE_CHUNK bytes along its first dimension (views)."""
+    if t.numel() == 0:
+        return
+    if t.dim() == 0:
+        yield t.reshape(1)
+        return
+    row_bytes = t[0].numel() * t.element_size()
+    step = max(1, WRITE_CHUNK // max(row_bytes, 1))
+    for r in range(0, t.shape[0], step):
+        yield t[r : r + step]
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data.nbytes:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def copy_aux_files(src_dir: str | Path, out_dir: str | Path) -> list[str]:
@@ -86,27 +227,10 @@ def finalize_manifest(manifest: Manifest) -> Path:
     if manifest.tp_size == 1:
         index = {"metadata": {"total_size": manifest.nbytes},
                  "weight_map": {t.name: s.file for s in manifest.shards for t in s.tensors}}
-        (out / INDEX_FILE).write_text(json.dumps(index, indent=1))
+        (out / INDEX_FILE).write_text(json.dumps(index))
         if INDEX_FILE not in manifest.aux_files:
             manifest.aux_files.append(INDEX_FILE)
     return manifest.save()
-
-
-def remove_iteration(path: str | Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def gc_iterations(run_root: str | Path, keep_last: int) -> list[Path]:
-    """Remove all but the newest `keep_last` complete iterations (and any incomplete older one)."""
-    run_root = Path(run_root)
-    if not run_root.is_dir():
-        return []
-    its = sorted((p for p in run_root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    removed = []
-    for p in its[:-keep_last] if keep_last > 0 else its:
-        remove_iteration(p)
-        removed.append(p)
-    return removed
 
 
 def disk_usage(path: str | Path) -> int:

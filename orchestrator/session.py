@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 from rich.console import Console
 
+from ckpt_transfer.gc import gc_iterations
 from ckpt_transfer.manifest import Manifest
-from ckpt_transfer.writer import gc_iterations, iteration_dir
+from ckpt_transfer.writer import iteration_dir
 from orchestrator.cluster import Cluster, connect
 from orchestrator.config import TideConfig, dump_config
 from orchestrator.rollout_group import RolloutGroup
@@ -220,7 +221,7 @@ class Session:
         directory = iteration_dir(p.shm_root, self.cfg.name, iteration)
         if directory.exists():  # left by a killed run: never reuse half-written shards
             shutil.rmtree(directory)
-        manifest = self.trainer.publish(self.cfg.name, iteration, str(directory), p.shard_bytes)
+        manifest = self.trainer.publish(self.cfg.name, iteration, str(directory), p.shard_bytes, p.writer_threads)
         if self.transfer is not None:
             self.transfer.publish(manifest)
         return manifest
@@ -233,7 +234,7 @@ class Session:
         if self.transfer is not None:
             self.transfer.gc(keep, manifest.iteration)
         else:
-            gc_iterations(Path(self.cfg.publish.shm_root) / self.cfg.name, keep)
+            gc_iterations(Path(self.cfg.publish.shm_root) / self.cfg.name, keep, recycle=True)
         self.run.set_status(engine_pids=self.rollout.engine_pids())
         return self.logprob_gap()
 

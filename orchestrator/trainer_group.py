@@ -72,8 +72,8 @@ class TrainerGroup:
     def logits(self, token_lists: list[list[int]]):
         return next(r for r in self._all("logits", token_lists) if r is not None)
 
-    def publish(self, run: str, iteration: int, directory: str, shard_bytes: int) -> Manifest:
-        results = self._all("publish", directory, self.node, shard_bytes)
+    def publish(self, run: str, iteration: int, directory: str, shard_bytes: int, writer_threads: int = 2) -> Manifest:
+        results = self._all("publish", directory, self.node, shard_bytes, writer_threads)
         records = [ShardRecord.from_dict(d) for r in results for d in r["shards"]]
         aux = sorted({name for r in results for name in r["aux_files"]})
         manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,

@@ -46,13 +46,26 @@ class RankLayout:
 @dataclass
 class HFTensor:
     """One element of the HF tensor stream: a tensor in Hugging Face naming and layout, possibly a TP shard.
-    tp_dim is None for tensors that are whole (replicated across TP ranks)."""
+    tp_dim is None for tensors that are whole (replicated across TP ranks).
+
+    `shape`, when set, is the HF shape and `tensor` a view holding the same elements in the same row-major
+    order under another shape: q, k and v sliced out of Megatron's fused QKV are such views, so the writer
+    copies them once, into the shard, instead of first into a contiguous tensor. `value()` materialises."""
 
     name: str
     tensor: torch.Tensor
     tp_rank: int = 0
     tp_size: int = 1
     tp_dim: int | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape) if self.shape is None else self.shape
+
+    def value(self) -> torch.Tensor:
+        """The tensor in its HF shape (a copy when `tensor` is a reshaping view)."""
+        return self.tensor if self.shape is None else self.tensor.reshape(self.shape)
 
 
 class ConversionError(ValueError):
@@ -78,17 +91,24 @@ def tp_slice(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
     return t.chunk(size, dim=dim)[rank].contiguous()
 
 
-def split_qkv(qkv: torch.Tensor, att: AttentionShape, tp_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Megatron's fused QKV (per query group: its query heads, then one key, then one value head) of one TP
-    rank -> that rank's q, k, v rows. Works for weights [rows, hidden] and biases [rows]."""
+def split_qkv_views(qkv: torch.Tensor, att: AttentionShape, tp_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """split_qkv without copies: q, k, v as views [groups, rows per group, ...] whose row-major order is that
+    of HF's q_proj, k_proj, v_proj rows (reshape them to [groups * rows per group, ...])."""
     groups = att.num_kv_heads // tp_size
     q_per_group = att.num_heads // att.num_kv_heads
     rest = qkv.shape[1:]
-    grouped = qkv.reshape(groups, q_per_group + 2, att.head_dim, *rest)
-    q = grouped[:, :q_per_group].reshape(groups * q_per_group * att.head_dim, *rest)
-    k = grouped[:, q_per_group].reshape(groups * att.head_dim, *rest)
-    v = grouped[:, q_per_group + 1].reshape(groups * att.head_dim, *rest)
-    return q.contiguous(), k.contiguous(), v.contiguous()
+    grouped = qkv.reshape(groups, (q_per_group + 2) * att.head_dim, *rest)
+    q_rows = q_per_group * att.head_dim
+    return (grouped[:, :q_rows], grouped[:, q_rows : q_rows + att.head_dim],
+            grouped[:, q_rows + att.head_dim :])
+
+
+def split_qkv(qkv: torch.Tensor, att: AttentionShape, tp_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's fused QKV (per query group: its query heads, then one key, then one value head) of one TP
+    rank -> that rank's q, k, v rows. Works for weights [rows, hidden] and biases [rows]."""
+    rest = qkv.shape[1:]
+    q, k, v = (x.reshape(-1, *rest).contiguous() for x in split_qkv_views(qkv, att, tp_size))
+    return q, k, v
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, att: AttentionShape, tp_size: int) -> torch.Tensor:

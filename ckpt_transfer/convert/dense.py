@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from .common import (AttentionShape, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, fuse_qkv,
-                     split_qkv, tp_slice)
+                     split_qkv_views, tp_slice)
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -63,9 +63,11 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
                 out.append(shard(prefix + hf_sub, t, dim))
             elif sub in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
                 kind = sub.rsplit(".", 1)[1]
-                q, k, v = split_qkv(t, att, layout.tp_size)
-                for proj, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
-                    out.append(shard(f"{prefix}self_attn.{proj}.{kind}", part, 0))
+                for proj, part in zip(("q_proj", "k_proj", "v_proj"), split_qkv_views(t, att, layout.tp_size)):
+                    x = shard(f"{prefix}self_attn.{proj}.{kind}", part, 0)
+                    if x is not None:
+                        x.shape = (part.shape[0] * part.shape[1], *part.shape[2:])
+                    out.append(x)
             elif sub == "mlp.linear_fc1.weight":
                 gate, up = t.chunk(2, dim=0)
                 out.append(shard(prefix + "mlp.gate_proj.weight", gate.contiguous(), 0))

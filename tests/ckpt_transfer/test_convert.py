@@ -84,9 +84,9 @@ def test_round_trip_hf_megatron_hf(tp, tied):
     for name, parts in shards.items():
         if parts[0].tp_dim is None:
             assert len(parts) == 1, f"{name} replicated but written by {len(parts)} ranks"
-            merged = parts[0].tensor
+            merged = parts[0].value()
         else:
-            merged = torch.cat([p.tensor for p in sorted(parts, key=lambda p: p.tp_rank)], dim=parts[0].tp_dim)
+            merged = torch.cat([p.value() for p in sorted(parts, key=lambda p: p.tp_rank)], dim=parts[0].tp_dim)
         assert torch.equal(merged, hf[name]), name
 
 
@@ -96,7 +96,7 @@ def test_pipeline_stage_layers_are_renumbered_globally():
     layout = RankLayout(pp_rank=1, pp_size=2, layer_map={0: 2, 1: 3})
     names = [n for n in _megatron_names(cfg, 2) if n.startswith("decoder.layers.")]
     local = dense.hf_to_megatron(hf.__getitem__, names, cfg, layout)
-    out = {t.name: t.tensor for t in dense.megatron_to_hf(local.items(), cfg, layout)}
+    out = {t.name: t.value() for t in dense.megatron_to_hf(local.items(), cfg, layout)}
     assert {n.split(".")[2] for n in out} == {"2", "3"}
     assert torch.equal(out["model.layers.3.mlp.down_proj.weight"], hf["model.layers.3.mlp.down_proj.weight"])
 

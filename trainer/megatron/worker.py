@@ -283,7 +283,7 @@ class MegatronWorker:
                 result[i] = d["logits"][row, : len(token_lists[i])]
         return [result[i] for i in range(len(token_lists))]
 
-    def publish(self, out_dir: str, node: str, shard_bytes: int) -> dict:
+    def publish(self, out_dir: str, node: str, shard_bytes: int, writer_threads: int = 2) -> dict:
         """Convert this rank's weights to HF names and layout and write them as safetensors shards.
         Data-parallel replicas do not write: dense weights come from data-parallel rank 0, experts from
         expert-data-parallel rank 0 of each expert-parallel rank. Rank 0 also copies config and tokenizer.
@@ -303,7 +303,7 @@ class MegatronWorker:
         stream = family(self.hf_config).megatron_to_hf(self.module.named_parameters(), self.hf_config, layout)
         prefix = f"model-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
         records = write_shards(stream, out_dir, node=node, prefix=prefix, shard_bytes=shard_bytes,
-                               dtype=self.spec.dtype)
+                               dtype=self.spec.dtype, threads=writer_threads)
         return {"shards": [asdict(r) for r in records], "aux_files": aux}
 
     # ---- checkpoints ----------------------------------------------------------------------------
