@@ -6,7 +6,7 @@ from typing import Any
 
 import ray
 
-from ckpt_transfer.manifest import Manifest, ShardRecord
+from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest
 from trainer.batch import TrainBatch, TrainerSpec
 
@@ -74,7 +74,7 @@ class TrainerGroup:
 
     def publish(self, run: str, iteration: int, directory: str, shard_bytes: int, writer_threads: int = 2) -> Manifest:
         results = self._all("publish", directory, self.node, shard_bytes, writer_threads)
-        records = [ShardRecord.from_dict(d) for r in results for d in r["shards"]]
+        records = [s for r in results for s in r["shards"]]
         aux = sorted({name for r in results for name in r["aux_files"]})
         manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,
                             tp_size=self.spec.tp)

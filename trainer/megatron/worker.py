@@ -287,9 +287,7 @@ class MegatronWorker:
         """Convert this rank's weights to HF names and layout and write them as safetensors shards.
         Data-parallel replicas do not write: dense weights come from data-parallel rank 0, experts from
         expert-data-parallel rank 0 of each expert-parallel rank. Rank 0 also copies config and tokenizer.
-        Returns {"shards": [ShardRecord as dict], "aux_files": [names]}."""
-        from dataclasses import asdict
-
+        Returns {"shards": [ShardRecord], "aux_files": [names]}."""
         from ckpt_transfer.convert import family
         from ckpt_transfer.writer import copy_aux_files, write_shards
 
@@ -304,7 +302,7 @@ class MegatronWorker:
         prefix = f"model-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
         records = write_shards(stream, out_dir, node=node, prefix=prefix, shard_bytes=shard_bytes,
                                dtype=self.spec.dtype, threads=writer_threads)
-        return {"shards": [asdict(r) for r in records], "aux_files": aux}
+        return {"shards": records, "aux_files": aux}
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _layout_record(self) -> dict:
