@@ -25,10 +25,13 @@ def complete_iterations(run_root: str | os.PathLike[str]) -> list[int]:
     return [it for it, p in iteration_dirs(run_root) if (p / MANIFEST_FILE).exists()]
 
 
-def remove_iteration(path: str | os.PathLike[str]) -> None:
-    """Remove an iteration directory, manifest first so it never looks complete while half-deleted."""
+def remove_iteration(path: str | os.PathLike[str], recycle_budget: int | None = None) -> None:
+    """Remove an iteration directory, manifest first so it never looks complete while half-deleted. With
+    `recycle_budget`, its shard files go to the run's recycle pool (bounded to that many bytes) first."""
     p = Path(path)
     (p / MANIFEST_FILE).unlink(missing_ok=True)
+    if recycle_budget is not None:
+        recycle_shards(p, recycle_budget)
     shutil.rmtree(p, ignore_errors=True)
 
 
@@ -42,14 +45,12 @@ def gc_iterations(run_root: str | os.PathLike[str], keep_last: int, protect: Ite
         raise ValueError("keep_last must be >= 1")
     dirs = iteration_dirs(run_root)
     keep = {it for it, _ in dirs[-keep_last:]} | set(protect)
-    budget = sum(f.stat().st_size for f in dirs[-1][1].glob(f"*{SHARD_SUFFIX}")) if dirs else 0
+    # the pool keeps what the next publish needs: about the newest iteration's shard bytes
+    budget = sum(f.stat().st_size for f in dirs[-1][1].glob(f"*{SHARD_SUFFIX}")) if recycle and dirs else None
     removed = []
     for it, p in dirs:
         if it not in keep:
-            (p / MANIFEST_FILE).unlink(missing_ok=True)
-            if recycle:
-                recycle_shards(p, budget)
-            remove_iteration(p)
+            remove_iteration(p, budget)
             removed.append(it)
     return removed
 

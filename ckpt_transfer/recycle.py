@@ -23,17 +23,14 @@ def pool_dir(run_root: str | os.PathLike[str]) -> Path:
     return Path(run_root) / RECYCLE_DIR
 
 
-def recycle_shards(iteration_path: str | os.PathLike[str], budget_bytes: int) -> int:
+def recycle_shards(iteration_path: str | os.PathLike[str], budget_bytes: int) -> None:
     """Move the shard files of a collected iteration into its run's pool, then delete the pool's oldest
-    files until it holds at most `budget_bytes`. Returns the bytes moved."""
+    files until it holds at most `budget_bytes`."""
     src = Path(iteration_path)
     pool = pool_dir(src.parent)
     pool.mkdir(exist_ok=True)
-    moved = 0
     for f in sorted(src.glob(f"*{SHARD_SUFFIX}")):
-        size = f.stat().st_size
         f.rename(pool / f"{src.name}-{f.name}")
-        moved += size
     files = sorted(pool.iterdir(), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     kept = 0
     for f in files:
@@ -42,7 +39,6 @@ def recycle_shards(iteration_path: str | os.PathLike[str], budget_bytes: int) ->
             kept += size
         else:
             f.unlink(missing_ok=True)
-    return moved
 
 
 def take_recycled(pool: str | os.PathLike[str], nbytes: int, dest: str | os.PathLike[str]) -> bool:

@@ -136,9 +136,6 @@ class FileMappings:
         m.close()
         os.close(fd)
 
-    def __len__(self) -> int:
-        return len(self._maps)
-
 
 MAPPINGS = FileMappings()  # per process: a trainer rank keeps its shard mappings across publishes
 
@@ -232,6 +229,3 @@ def finalize_manifest(manifest: Manifest) -> Path:
             manifest.aux_files.append(INDEX_FILE)
     return manifest.save()
 
-
-def disk_usage(path: str | Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if os.path.exists(path) else 0

@@ -101,7 +101,7 @@ class PublishConfig(Strict):
     shm_root: str = "/dev/shm/tide"
     keep_last: int = Field(2, ge=1)
     shard_bytes: int = Field(512 * 1024**2, gt=0)
-    writer_threads: int = Field(2, ge=1)  # threads writing each shard file (per trainer rank)
+    writer_threads: int = Field(2, ge=1)  # shard files each trainer rank writes at once
 
 
 class MooncakeSection(TransferConfig):

@@ -79,3 +79,10 @@ class Report:
                   f"{r['baseline_median']:.4g}  ratio {r['ratio']:.3f}")
         for g in self.goals:
             print(f"  goal {g['name']}: {g['ratio']:.3f} (target {g['target']}) {'met' if g['met'] else 'NOT met'}")
+
+    def finish(self) -> Path:
+        """Write the JSON, print the table and where the JSON went: the end of every bench run."""
+        out = self.write()
+        self.print_table()
+        print(f"wrote {out}")
+        return out

@@ -141,9 +141,7 @@ def main() -> None:
         engine.shutdown()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = report.write()
-    report.print_table()
-    print(f"wrote {out}")
+    report.finish()
 
 
 if __name__ == "__main__":

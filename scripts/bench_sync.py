@@ -117,9 +117,7 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
-    out = report.write()
-    report.print_table()
-    print(f"wrote {out}")
+    report.finish()
 
 
 if __name__ == "__main__":

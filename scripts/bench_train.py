@@ -153,9 +153,7 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
-    out = report.write()
-    report.print_table()
-    print(f"wrote {out}")
+    report.finish()
 
 
 def _rate(fn) -> float:

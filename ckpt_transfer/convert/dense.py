@@ -38,12 +38,12 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
     tp = dict(tp_rank=layout.tp_rank, tp_size=layout.tp_size)
     lead = layout.tp_rank == 0  # replicated tensors come from TP rank 0 only
 
-    def shard(name: str, t: torch.Tensor, dim: int | None) -> HFTensor | None:
+    def shard(name: str, t: torch.Tensor, dim: int | None, shape: tuple[int, ...] | None = None) -> HFTensor | None:
         if dim is None:
-            return HFTensor(name, t, 0, 1, None) if lead else None
+            return HFTensor(name, t, 0, 1, None, shape) if lead else None
         if layout.tp_size == 1:
-            return HFTensor(name, t, 0, 1, None)
-        return HFTensor(name, t, tp_dim=dim, **tp)
+            return HFTensor(name, t, 0, 1, None, shape)
+        return HFTensor(name, t, tp_dim=dim, shape=shape, **tp)
 
     for mname, t in params:
         t = t.detach()
@@ -64,10 +64,8 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
             elif sub in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
                 kind = sub.rsplit(".", 1)[1]
                 for proj, part in zip(("q_proj", "k_proj", "v_proj"), split_qkv_views(t, att, layout.tp_size)):
-                    x = shard(f"{prefix}self_attn.{proj}.{kind}", part, 0)
-                    if x is not None:
-                        x.shape = (part.shape[0] * part.shape[1], *part.shape[2:])
-                    out.append(x)
+                    hf_shape = (part.shape[0] * part.shape[1], *part.shape[2:])
+                    out.append(shard(f"{prefix}self_attn.{proj}.{kind}", part, 0, hf_shape))
             elif sub == "mlp.linear_fc1.weight":
                 gate, up = t.chunk(2, dim=0)
                 out.append(shard(prefix + "mlp.gate_proj.weight", gate.contiguous(), 0))
