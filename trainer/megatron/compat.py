@@ -12,7 +12,7 @@ megatron-core stops needing it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -131,6 +131,18 @@ def enable_cpu_compat() -> None:
            "MoE alltoall passes split sizes as CPU tensors; gloo's binding accepts only sequences of ints")
     _CudaToCpu().__enter__()  # process-wide: literal device='cuda' in optimizer, schedules, clip_grads
     _PATCHES.append(("TorchFunctionMode", "rewrites literal device='cuda' to cpu (about 15 us per call)"))
+
+
+@contextlib.contextmanager
+def native_torch() -> Iterator[None]:
+    """Suspend the device-rewriting TorchFunctionMode (and any other torch-function override) for code
+    that only takes views or copies of existing tensors. The mode's Python dispatch costs about 15 us per
+    torch call: 7 ms of a 92 ms publish of the 104M-parameter bench model (459 calls). A no-op on GPUs."""
+    if not _enabled:
+        yield
+        return
+    with torch._C.DisableTorchFunction():
+        yield
 
 
 class _NullStream:

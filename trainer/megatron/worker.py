@@ -290,6 +290,7 @@ class MegatronWorker:
         Returns {"shards": [ShardRecord], "aux_files": [names]}."""
         from ckpt_transfer.convert import family
         from ckpt_transfer.writer import copy_aux_files, write_shards
+        from trainer.megatron.compat import native_torch
 
         layout = self.layout()
         aux: list[str] = []
@@ -298,7 +299,8 @@ class MegatronWorker:
             aux = copy_aux_files(self.spec.hf_dir, out_dir)
         if not (layout.writes_dense or (self.config.num_moe_experts and layout.writes_experts)):
             return {"shards": [], "aux_files": aux}
-        stream = family(self.hf_config).megatron_to_hf(self.module.named_parameters(), self.hf_config, layout)
+        with native_torch():  # views only: no device rewriting needed
+            stream = list(family(self.hf_config).megatron_to_hf(self.module.named_parameters(), self.hf_config, layout))
         prefix = f"model-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
         records = write_shards(stream, out_dir, node=node, prefix=prefix, shard_bytes=shard_bytes,
                                dtype=self.spec.dtype, threads=writer_threads)
