@@ -7,7 +7,7 @@ from typing import Any
 import ray
 
 from ckpt_transfer.manifest import Manifest
-from ckpt_transfer.writer import finalize_manifest
+from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from trainer.batch import TrainBatch, TrainerSpec
 
 
@@ -36,7 +36,9 @@ class TrainerGroup:
     def __init__(self, spec: TrainerSpec, timeout_s: float = 900):
         self.spec, self.timeout = spec, timeout_s
         self.world = spec.tp * spec.pp * max(spec.ep, 1)
-        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if spec.device == "cpu" else {}
+        env = writer_process_env()
+        if spec.device == "cpu":
+            env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         resources = {"num_gpus": 1} if spec.device == "cuda" else {"num_cpus": 0}
         actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
         self.ranks = [actor.remote() for _ in range(self.world)]

@@ -10,7 +10,7 @@ from ckpt_transfer import gc
 from ckpt_transfer.checksum import checksum_file
 from ckpt_transfer.convert.common import HFTensor
 from ckpt_transfer.recycle import RECYCLE_DIR, take_recycled
-from ckpt_transfer.writer import write_safetensors, write_shards
+from ckpt_transfer.writer import split_in_order, write_safetensors, write_shards, writer_process_env
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -45,8 +45,10 @@ def test_written_file_reads_back_with_safetensors(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+@pytest.mark.parametrize("piece", [1 << 20, 24])  # whole tensors per copy; pieces that cut rows and elements
 @pytest.mark.parametrize("pool_file_bytes", [10, 1 << 20])  # smaller and larger than the shard
-def test_recycled_file_is_resized_and_fully_overwritten(tmp_path, pool_file_bytes):
+def test_recycled_file_is_resized_and_fully_overwritten(tmp_path, pool_file_bytes, piece, monkeypatch):
+    monkeypatch.setattr("ckpt_transfer.writer.COPY_PIECE", piece)
     pool = tmp_path / RECYCLE_DIR
     pool.mkdir()
     (pool / "old.safetensors").write_bytes(b"\xff" * pool_file_bytes)
@@ -120,9 +122,11 @@ def test_threads_spread_the_stream_over_files_in_order(tmp_path, threads, monkey
             assert torch.equal(back[t.name], dict(tensors)[t.name])
 
 
-def test_reshaping_views_are_written_in_their_hf_shape_new_and_recycled(tmp_path):
+@pytest.mark.parametrize("piece", [1 << 20, 40])  # whole views per copy; a few rows per copy
+def test_reshaping_views_are_written_in_their_hf_shape_new_and_recycled(tmp_path, piece, monkeypatch):
     """q/k/v come out of the fused QKV as strided views with an HF shape; fresh and recycled files alike
     must hold the materialised tensor."""
+    monkeypatch.setattr("ckpt_transfer.writer.COPY_PIECE", piece)
     fused = torch.arange(6 * 10 * 8, dtype=torch.float32).reshape(6, 10, 8)  # 6 groups of 10 rows
     q = fused[:, :6]  # [6, 6, 8], not contiguous; HF shape [36, 8]
     root = tmp_path / "run"
@@ -134,3 +138,20 @@ def test_reshaping_views_are_written_in_their_hf_shape_new_and_recycled(tmp_path
         assert torch.equal(back["q"], (q + it).reshape(36, 8)) and torch.equal(back["b"], fused[:, 7, 0] + it)
         (root / f"{it:07d}" / "manifest.json").write_text("{}")
         gc.gc_iterations(root, keep_last=1, recycle=True)
+
+
+def test_split_in_order_balances_parts_and_respects_the_cap():
+    assert split_in_order([400] * 12, 3, 1 << 20) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    # files filled greedily up to total/parts bytes (5) would need a third file here
+    assert split_in_order([3, 3, 3, 1], 2, 1 << 20) == [[0, 1], [2, 3]]
+    groups = split_in_order([400] * 12, 1, 1000)
+    assert sum(groups, []) == list(range(12)) and all(len(g) * 400 <= 1000 for g in groups)
+    assert split_in_order([5000, 10], 2, 1000) == [[0], [1]]  # an item over the cap gets a file of its own
+    assert split_in_order([], 2, 1000) == []
+
+
+def test_writer_process_env_keeps_existing_glibc_tunables():
+    own = writer_process_env({})["GLIBC_TUNABLES"]
+    assert own.startswith("glibc.cpu.x86_non_temporal_threshold=")
+    assert writer_process_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == \
+        f"glibc.malloc.arena_max=2:{own}"
