@@ -353,7 +353,7 @@ class SandboxRuntime:
         spec = runtime_spec(rootfs=rootfs, image=image, args=args, env=ENV, netns=w.netns,
                             shm_mb=max(1, min(64, limits.disk_mb)))
         with open(f"{bundle}/config.json", "w") as f:
-            json.dump(spec, f)
+            f.write(json.dumps(spec))  # dumps: the C encoder (json.dump streams through the Python one)
         pidfile, crunlog = f"{bundle}/pid", f"{bundle}/crun.log"
         slot.set_limits(limits.memory_mb * 1024 * 1024, limits.pids + PID_SLACK,
                         int(self.config.cpu_per_slot * 100_000))
