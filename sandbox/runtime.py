@@ -33,9 +33,11 @@ from .languages import LANGUAGES, command, get_language
 from .models import RunRequest, RunResult, Status
 from .oci import runtime_spec
 from .sysutil import (
+    MS_BIND,
     MS_NODEV,
     MS_NOSUID,
     MS_RDONLY,
+    MS_REMOUNT,
     enter_private_mount_namespace,
     mount,
     mounts_under,
@@ -130,6 +132,8 @@ class SandboxRuntime:
         self._seq = itertools.count()
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
+        self.crun = self.config.crun  # start() replaces it with a read-only bind of the binary
+        self._crun_env: dict[str, str] | None = None
         self._started = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -158,6 +162,7 @@ class SandboxRuntime:
         mount("tmpfs", str(self.dir), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=755")
         for d in (self.crun_root, self.dir / "netns"):
             d.mkdir(parents=True, exist_ok=True)
+        self.crun = self._readonly_crun()
         for slot in slots:
             for sub in ("rootfs", "disk", "out"):
                 (self.dir / "slots" / f"slot{slot.index}" / sub).mkdir(parents=True, exist_ok=True)
@@ -177,6 +182,23 @@ class SandboxRuntime:
         self._started = True
         log.info("sandbox ready: cgroups %s, %d slots, state %s", layout.mode.value, len(slots), self.dir)
         return self
+
+    def _readonly_crun(self) -> str:
+        """crun guards against CVE-2019-5736 (a container overwriting the runtime binary through
+        /proc/<pid>/exe) by re-executing itself from a sealed copy on every start, unless the binary it
+        runs from is on a read-only mount and `_LIBCONTAINER_CLONED_BINARY` is set (runc's rule, which crun
+        shares). So the service runs crun from a read-only bind of the binary in its state directory: the
+        same protection without a second exec and dynamic link per container."""
+        real = shutil.which(self.config.crun)
+        if real is None:
+            raise RuntimeError(f"crun binary {self.config.crun!r} not found")
+        target = self.dir / "bin" / "crun"
+        target.parent.mkdir(exist_ok=True)
+        target.touch()
+        mount(os.path.realpath(real), str(target), None, MS_BIND)
+        mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        self._crun_env = {**os.environ, "_LIBCONTAINER_CLONED_BINARY": "1"}
+        return str(target)
 
     def close(self) -> None:
         if not self._started:
@@ -358,7 +380,7 @@ class SandboxRuntime:
         slot.set_limits(limits.memory_mb * 1024 * 1024, limits.pids + PID_SLACK,
                         int(self.config.cpu_per_slot * 100_000))
         slot.begin()
-        cmd = [*slot.spawn_prefix(), self.config.crun, "--root", str(self.crun_root), "--cgroup-manager=disabled",
+        cmd = [*slot.spawn_prefix(), self.crun, "--root", str(self.crun_root), "--cgroup-manager=disabled",
                f"--log=file:{crunlog}", "run", *(["--no-pivot"] if self.config.no_pivot else []), "--no-new-keyring",
                "--bundle", bundle, "--pid-file", pidfile, cid]
         out_limit = limits.output_kb * 1024
@@ -366,7 +388,7 @@ class SandboxRuntime:
         with open(f"{out}/{tag}.stdout", "w+b") as fo, open(f"{out}/{tag}.stderr", "w+b") as fe, \
                 open(stdin if stdin else os.devnull, "rb") as fi:
             t0 = time.monotonic()
-            proc = subprocess.Popen(cmd, stdin=fi, stdout=fo, stderr=fe, close_fds=True)
+            proc = subprocess.Popen(cmd, stdin=fi, stdout=fo, stderr=fe, close_fds=True, env=self._crun_env)
             deadline = t0 + limits.timeout_s
             pidfd = os.pidfd_open(proc.pid)
             try:
@@ -397,7 +419,7 @@ class SandboxRuntime:
             stdout, stderr = fo.read(out_limit), fe.read(out_limit)
         started = os.path.exists(pidfile)
         if os.path.exists(f"{self.crun_root}/{cid}"):
-            subprocess.run([self.config.crun, "--root", str(self.crun_root), "delete", "-f", cid], capture_output=True)
+            subprocess.run([self.crun, "--root", str(self.crun_root), "delete", "-f", cid], capture_output=True)
         err = None
         if not started and not timed_out:
             err = "container did not start: "

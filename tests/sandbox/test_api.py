@@ -28,6 +28,14 @@ def test_health_schema_metrics(client, service):
     assert "netns/slot0" in snap["state_files"] and len(snap["cgroups"]) >= POOL
 
 
+def test_crun_runs_from_a_read_only_bind(client, service):
+    """crun skips its per-start self re-exec (CVE-2019-5736 guard) only from a read-only mount."""
+    mounts = [line.split() for line in open(f"/proc/{service.pid}/mountinfo")]
+    options = [m[5].split(",") for m in mounts if m[4].endswith(f"/{service.pid}/bin/crun")]
+    assert options and "ro" in options[-1], options
+    assert client.run("bash", "echo ok").stdout == "ok\n"
+
+
 def test_auth(service):
     body = {"language": "bash", "code": "true"}
     assert httpx.post(service.url + "/run", json=body).status_code == 401
