@@ -61,9 +61,9 @@ def write_shards(stream: Iterable[HFTensor], out_dir: str | Path, *, node: str, 
 
     tmpfs serializes writes to one file (the inode lock; measured here: two threads into one file 3.5 GB/s,
     into two files 6.0 GB/s), so the bytes are spread over `threads` files of about equal size (more if
-    shard_bytes requires), but not into files under MIN_SPLIT_BYTES. Each file is written under a temporary name and renamed once
-    complete, so a reader never opens half a shard, and reuses the pages of a collected iteration when the
-    run's recycle pool has a file (ckpt_transfer.recycle)."""
+    shard_bytes requires), but not into files under MIN_SPLIT_BYTES. Each file is written under a temporary
+    name and renamed once complete, so a reader never opens half a shard, and reuses the pages of a
+    collected iteration when the run's recycle pool has a file (ckpt_transfer.recycle)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = _DTYPES[dtype]
