@@ -111,3 +111,50 @@ def test_chunked_gradient_equals_whole_minibatch_gradient():
     b, _ = chunked.run_chunk(chunked.init_state())
     np.testing.assert_allclose(flat_params(a), flat_params(b), rtol=0, atol=1e-5)
     assert np.abs(flat_params(a) - flat_params(whole.init_state())).max() > 1e-4  # the update did move them
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 1000, 8192, 40_000])
+def test_permutation_is_a_permutation_and_keyed(n):
+    import jax
+
+    from trainer.jax.shuffle import permutation
+
+    perm = np.asarray(jax.jit(permutation, static_argnums=1)(jax.random.PRNGKey(7), n))
+    assert perm.dtype == np.int32 and sorted(perm.tolist()) == list(range(n))
+    again = np.asarray(permutation(jax.random.PRNGKey(7), n))
+    np.testing.assert_array_equal(perm, again)
+    if n >= 1000:
+        other = np.asarray(permutation(jax.random.PRNGKey(8), n))
+        assert (other != perm).mean() > 0.99
+        assert abs(np.corrcoef(np.arange(n), perm)[0, 1]) < 0.05
+
+
+def test_permutation_is_uniform():
+    """All 24 orders of 4 elements equally often (chi-square, 23 dof, p ~ 1e-6 cut-off), and each element
+    lands in each position equally often for a size that needs several sort rounds."""
+    import jax
+
+    from trainer.jax.shuffle import permutation
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 48_000)
+    perms = np.asarray(jax.jit(jax.vmap(lambda k: permutation(k, 4)))(keys))
+    _, counts = np.unique(perms, axis=0, return_counts=True)
+    assert len(counts) == 24
+    expected = len(perms) / 24
+    assert ((counts - expected) ** 2 / expected).sum() < 60.0
+
+    n = 1 << 16  # 16 index bits, 16 random bits per round: 3 rounds
+    perms = np.asarray(jax.jit(jax.vmap(lambda k: permutation(k, n)))(jax.random.split(jax.random.PRNGKey(1), 64)))
+    position_of_first = np.argmax(perms == 0, axis=1)
+    assert np.unique(position_of_first).size > 60
+    assert abs(position_of_first.mean() / n - 0.5) < 0.15
+
+
+def test_permutation_falls_back_beyond_its_index_bits(monkeypatch):
+    import jax
+
+    from trainer.jax import shuffle
+
+    monkeypatch.setattr(shuffle, "_MAX_INDEX_BITS", 4)
+    perm = np.asarray(shuffle.permutation(jax.random.PRNGKey(3), 100))
+    np.testing.assert_array_equal(perm, np.asarray(jax.random.permutation(jax.random.PRNGKey(3), 100)))

@@ -12,6 +12,7 @@ import optax
 from trainer.jax.config import JaxConfig
 from trainer.jax.distributions import Categorical, DiagNormal
 from trainer.jax.envs import Box, EnvSlot, Environment, auto_reset_step
+from trainer.jax import shuffle
 
 
 # Minibatches larger than this are differentiated in chunks of this many rows. Measured against rejax on
@@ -166,7 +167,7 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
     def epoch(carry, _):
         params, opt_state, key, data = carry
         key, k_perm = jax.random.split(key)
-        perm = jax.random.permutation(k_perm, batch)
+        perm = shuffle.permutation(k_perm, batch)
         shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0).reshape((cfg.minibatches, mb_size) + x.shape[1:]), data)
         (params, opt_state), aux = jax.lax.scan(minibatch_step, (params, opt_state), shuffled)
         return (params, opt_state, key, data), aux
