@@ -25,7 +25,7 @@ class Transition(NamedTuple):
     obs: jax.Array
     action: jax.Array
     logp: jax.Array
-    value: jax.Array
+    value: jax.Array | None  # None inside the rollout loop; the critic runs over the whole rollout after it
     reward: jax.Array
     done: jax.Array
 
@@ -107,12 +107,13 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
     def rollout_step(carry, xs):
         params, slot, obs = carry
         noise, k_step, k_reset = xs
-        dist, value = apply_fn(params, obs)
+        # Only the policy runs per step (XLA drops the unused critic); values come after the loop.
+        dist, _ = apply_fn(params, obs)
         action = dist.sample_with(noise)
         logp = dist.log_prob(action)
         env_action = jnp.clip(action, box.low, box.high).reshape((n_envs,) + box.shape) if box else action
         out = step_env(k_step, k_reset, slot, env_action)
-        trans = Transition(obs, action, logp, value, out.reward, out.done)
+        trans = Transition(obs, action, logp, None, out.reward, out.done)
         return (params, out.slot, out.obs), (trans, out.finished_return, out.finished_length)
 
     def rollout(params, slot, obs, key):
@@ -175,7 +176,10 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
     def update(rs: RunnerState, _=None) -> tuple[RunnerState, UpdateMetrics]:
         key, k_rollout = jax.random.split(rs.key)
         (params, slot, obs), (traj, fin_ret, fin_len) = rollout(rs.params, rs.slot, rs.obs, k_rollout)
-        _, last_value = apply_fn(params, obs)
+        # The critic on all T+1 observations in one batched call: at 4 envs a per-step critic was 8% of
+        # an update (10% at 8 seeds), and its GEMMs are more efficient batched.
+        _, values = apply_fn(params, jnp.concatenate([traj.obs, obs[None]]))
+        traj, last_value = traj._replace(value=values[:-1]), values[-1]
         adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda)
         flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
         (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
