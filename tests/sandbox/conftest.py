@@ -1,6 +1,7 @@
 """One sandbox service per test session, plus probes of everything a run could leave behind."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -168,6 +169,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    with contextlib.suppress(OSError):  # the service removed its own state; leave no empty root in /run
+        STATE_DIR.rmdir()
 
 
 @pytest.fixture(scope="session")

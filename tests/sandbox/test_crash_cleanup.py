@@ -83,3 +83,4 @@ def test_restart_cleans_up_after_a_crash(service):  # `service`: skips without r
         proc2.send_signal(signal.SIGTERM)
         proc2.wait(timeout=30)
     assert not pool.owned_by(proc2.pid) and not (STATE / str(proc2.pid)).exists()
+    STATE.rmdir()  # empty once both services are gone; leave nothing in /run
