@@ -113,6 +113,19 @@ def test_chunked_gradient_equals_whole_minibatch_gradient():
     assert np.abs(flat_params(a) - flat_params(whole.init_state())).max() > 1e-4  # the update did move them
 
 
+def test_critic_chunks_equal_one_pass_over_the_rollout(monkeypatch):
+    """The post-rollout critic runs in time chunks to bound memory: same parameters as one pass."""
+    from jax_helpers import tiny
+    from trainer.jax import ppo
+    from trainer.jax.engine import Engine, flat_params
+
+    results = []
+    for rows in (1 << 30, 8):  # one pass; 8 rows = 2 steps of 4 envs per chunk
+        monkeypatch.setattr(ppo, "CRITIC_CHUNK_ROWS", rows)
+        engine = Engine(tiny(), total_updates=4, seed=0, devices=1)
+        results.append(flat_params(engine.run_chunk(engine.init_state())[0]))
+    np.testing.assert_allclose(results[0], results[1], rtol=0, atol=1e-5)
+
 @pytest.mark.parametrize("n", [1, 2, 5, 1000, 8192, 40_000])
 def test_permutation_is_a_permutation_and_keyed(n):
     import jax
