@@ -27,7 +27,7 @@ def permutation(key: jax.Array, n: int) -> jax.Array:
     """A uniformly random permutation of range(n) as int32 (n static)."""
     if n <= 1:
         return jnp.zeros((n,), jnp.int32)
-    index_bits = max(1, math.ceil(math.log2(n)))
+    index_bits = math.ceil(math.log2(n))  # n >= 2 here, so at least 1
     if index_bits > _MAX_INDEX_BITS:
         return jax.random.permutation(key, n)
     random_bits = 32 - index_bits
