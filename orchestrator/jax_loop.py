@@ -22,10 +22,11 @@ def run_jax(cfg: TideConfig, run: RunDir, resume: bool, *, stop_after: int | Non
     `stop_after`: return after that iteration as if killed (tests simulate an interruption with it)."""
     import jax  # deferred: importing the orchestrator must not import jax
 
-    from trainer.jax.engine import Engine, enable_compilation_cache, summarize
+    from trainer.jax.engine import Engine, enable_compilation_cache, summarize, use_cpu_cores
 
     jcfg = cfg.jax
     assert jcfg is not None, "engine 'jax' needs a `jax:` section"
+    use_cpu_cores(jcfg.cpu_devices)  # before anything starts JAX's backends
     enable_compilation_cache(jcfg.compilation_cache_dir)
     engine = Engine(jcfg, total_updates=cfg.iterations * jcfg.updates_per_iteration, seed=cfg.seed)
 

@@ -41,6 +41,31 @@ def test_one_vs_two_devices_same_parameters():
     np.testing.assert_allclose(p1, p2, atol=1e-5, rtol=1e-5)
 
 
+def test_seeds_spread_over_devices_same_parameters():
+    """Seeds go to devices first (no communication): 2 seeds on 2 devices train as on one."""
+    from trainer.jax.engine import flat_params
+
+    cfg = tiny(seeds=2)
+    e2, s2, _ = _train(cfg, chunks=2)  # devices=None: the seeds take both devices
+    e1, s1, _ = _train(cfg, chunks=2, devices=1)
+    assert e1.mesh is None and dict(e2.mesh.shape) == {"seed": 2, "data": 1}
+    assert len(s2.params.sharding.device_set) == 2
+    p1, p2 = flat_params(s1), flat_params(s2)
+    assert np.abs(p1[0] - p1[1]).max() > 1e-3  # independent agents
+    np.testing.assert_allclose(p1, p2, atol=1e-5, rtol=1e-5)
+
+
+def test_device_layout_prefers_seeds_and_rejects_uneven_splits():
+    from trainer.jax.engine import pick_devices
+
+    assert pick_devices(tiny(seeds=2, num_envs=8, shards=2)) == (2, 1)
+    assert pick_devices(tiny(seeds=3, num_envs=8, shards=2)) == (1, 2)
+    assert pick_devices(tiny(seeds=3)) == (1, 1)
+    assert pick_devices(tiny(seeds=2), devices=1) == (1, 1)
+    with pytest.raises(ValueError, match="devices"):
+        tiny(seeds=3, devices=2)
+
+
 def _init(cfg):
     from trainer.jax.engine import Engine
 

@@ -28,12 +28,17 @@ class JaxConfig(BaseModel):
     normalize_advantages: bool = True
     hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64])
     activation: Literal["tanh", "relu"] = "tanh"
-    seeds: int = Field(1, gt=0)  # independent agents trained in one program (vmapped)
+    seeds: int = Field(1, gt=0)  # independent agents trained in one program (vmapped, spread over devices)
     # Data-parallel shards: each owns num_envs / shards envs, its own RNG stream and minibatch shuffle;
     # gradients and advantage statistics are averaged over shards. Results depend on `shards` only,
     # not on how many devices hold them.
     shards: int = Field(1, gt=0)
-    devices: int | None = Field(None, gt=0)  # devices to spread shards over; None: as many as divide shards
+    # Devices to spread seeds and shards over (seeds first: they never communicate). None: as many as
+    # the seeds and shards can be split over evenly.
+    devices: int | None = Field(None, gt=0)
+    # On a CPU host, the XLA CPU devices to create before JAX starts. None: one per core, so that seeds and
+    # shards run on all cores (one XLA:CPU program mostly keeps to one core at these model sizes).
+    cpu_devices: int | None = Field(None, gt=0)
     target_return: float = 475.0  # reported in metrics (`solved`); training does not stop early
     # Minibatches are differentiated in row chunks of this size (same mean gradient, cache-sized
     # activations). None: automatic (2048-row chunks when the minibatch is larger, measured best here);
@@ -49,8 +54,15 @@ class JaxConfig(BaseModel):
         batch = self.num_envs // self.shards * self.num_steps
         if batch % self.minibatches:
             raise ValueError(f"per-shard batch {batch} (num_envs/shards*num_steps) must be divisible by minibatches")
-        if self.devices is not None and self.shards % self.devices:
-            raise ValueError(f"shards ({self.shards}) must be divisible by devices ({self.devices})")
+        if self.devices is not None and not device_splits(self.seeds, self.shards, self.devices):
+            raise ValueError(f"devices ({self.devices}) must split as (devices over seeds) x (devices over shards), "
+                             f"dividing seeds ({self.seeds}) and shards ({self.shards})")
         if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
             raise ValueError("hidden_sizes must be a non-empty list of positive ints")
         return self
+
+
+def device_splits(seeds: int, shards: int, devices: int) -> list[tuple[int, int]]:
+    """The ways to lay `devices` out as (devices over seeds, devices over shards), each dividing its axis."""
+    return [(a, devices // a) for a in range(1, devices + 1)
+            if devices % a == 0 and seeds % a == 0 and shards % (devices // a) == 0]

@@ -1,9 +1,10 @@
 """The JAX engine: builds the jitted training chunk (N PPO updates) vmapped over seeds and shards and,
-with several devices, shard_mapped over a `data` mesh axis; initial state, checkpoint save/restore,
+with several devices, shard_mapped over a (`seed`, `data`) mesh; initial state, checkpoint save/restore,
 and host-side metric summaries.
 
 State layout: every leaf of the runner state has leading axes [seeds, shards]. Parameters and optimizer
-state are replicated over shards (identical initialisation, averaged gradients)."""
+state are replicated over shards (identical initialisation, averaged gradients). Seeds are independent,
+so devices go to seeds first: they need no communication at all."""
 from __future__ import annotations
 
 import math
@@ -17,12 +18,13 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from trainer.jax.config import JaxConfig
+from trainer.jax.config import JaxConfig, device_splits
 from trainer.jax.envs import Discrete, make_env, reset_slot
 from trainer.jax.networks import ActorCritic
 from trainer.jax.ppo import RunnerState, UpdateMetrics, make_optimizer, make_update
 
 SHARD_AXIS = "shard"
+SEED_MESH_AXIS = "seed"
 MESH_AXIS = "data"
 
 
@@ -33,12 +35,32 @@ def enable_compilation_cache(path: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def pick_devices(cfg: JaxConfig) -> int:
-    if cfg.devices is not None:
-        if cfg.devices > jax.device_count():
-            raise ValueError(f"jax.devices asks for {cfg.devices} devices, {jax.device_count()} available")
-        return cfg.devices
-    return max(d for d in range(1, min(cfg.shards, jax.device_count()) + 1) if cfg.shards % d == 0)
+def use_cpu_cores(n: int | None = None) -> bool:
+    """Create `n` XLA CPU devices (default: one per core this process may run on) so seeds and shards can
+    run on every core. Only possible before JAX's backends start: returns False if they have, or if
+    XLA_FLAGS already forces a host device count (the multi-device tests do)."""
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return False
+    try:
+        jax.config.update("jax_num_cpu_devices", n or len(os.sched_getaffinity(0)))
+    except RuntimeError:  # backends already initialised
+        return False
+    return True
+
+
+def pick_devices(cfg: JaxConfig, devices: int | None = None) -> tuple[int, int]:
+    """(devices over seeds, devices over shards). `devices` (or cfg.devices) fixes the total; otherwise as
+    many as divide the seeds and shards evenly. Ties go to seeds, which never communicate."""
+    total = devices if devices is not None else cfg.devices
+    if total is not None:
+        if total > jax.device_count():
+            raise ValueError(f"jax.devices asks for {total} devices, {jax.device_count()} available")
+        splits = device_splits(cfg.seeds, cfg.shards, total)
+        if not splits:
+            raise ValueError(f"{total} devices cannot be split evenly over seeds ({cfg.seeds}) and shards ({cfg.shards})")
+    else:
+        splits = [s for n in range(1, jax.device_count() + 1) for s in device_splits(cfg.seeds, cfg.shards, n)]
+    return max(splits, key=lambda s: (s[0] * s[1], s[0]))
 
 
 class Engine:
@@ -59,20 +81,22 @@ class Engine:
         dummy = jnp.zeros(self.env.observation_shape, jnp.float32)
         shapes = jax.eval_shape(self.network.init, jax.random.PRNGKey(0), dummy)
         _, self.unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
-        self.n_devices = devices if devices is not None else pick_devices(cfg)
-        if cfg.shards % self.n_devices:
-            raise ValueError(f"shards ({cfg.shards}) must be divisible by the device count ({self.n_devices})")
-        self.mesh = Mesh(np.array(jax.devices()[: self.n_devices]), (MESH_AXIS,)) if self.n_devices > 1 else None
-        local_shards = cfg.shards // self.n_devices
-        axes = tuple(a for a, n in ((SHARD_AXIS, local_shards), (MESH_AXIS, self.n_devices)) if n > 1)
+        seed_devices, shard_devices = pick_devices(cfg, devices)
+        self.n_devices = seed_devices * shard_devices
+        self.mesh = None
+        if self.n_devices > 1:
+            grid = np.array(jax.devices()[: self.n_devices]).reshape(seed_devices, shard_devices)
+            self.mesh = Mesh(grid, (SEED_MESH_AXIS, MESH_AXIS))
+        local_seeds, local_shards = cfg.seeds // seed_devices, cfg.shards // shard_devices
+        axes = tuple(a for a, n in ((SHARD_AXIS, local_shards), (MESH_AXIS, shard_devices)) if n > 1)
         update = make_update(cfg, self.env, self._apply, self.tx, axes)
 
         def per_shard(rs: RunnerState) -> tuple[RunnerState, UpdateMetrics]:
             return jax.lax.scan(update, rs, None, cfg.updates_per_iteration)
 
-        chunk = _batch(_batch(per_shard, local_shards, SHARD_AXIS), cfg.seeds, None)
+        chunk = _batch(_batch(per_shard, local_shards, SHARD_AXIS), local_seeds, None)
         if self.mesh is not None:
-            spec = P(None, MESH_AXIS)
+            spec = P(SEED_MESH_AXIS, MESH_AXIS)
             chunk = jax.shard_map(chunk, mesh=self.mesh, in_specs=(spec,), out_specs=spec)
         self._chunk = jax.jit(chunk, donate_argnums=0)
         self._compiled: Any = None
@@ -125,7 +149,7 @@ class Engine:
     def place(self, state: Any) -> Any:
         if self.mesh is None:
             return jax.device_put(state, jax.devices()[0])
-        return jax.device_put(state, NamedSharding(self.mesh, P(None, MESH_AXIS)))
+        return jax.device_put(state, NamedSharding(self.mesh, P(SEED_MESH_AXIS, MESH_AXIS)))
 
     # ---- running -------------------------------------------------------------------------------
     def compile(self, state: RunnerState) -> None:
