@@ -49,6 +49,10 @@ log = logging.getLogger("tide.sandbox")
 
 PID_SLACK = 4  # the slot's pids limit also counts crun and the worker thread
 ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "LANG=C.UTF-8"]
+# crun's own environment: nothing of the service's. crun acts on NOTIFY_SOCKET (binds the host's notify
+# socket into the container) and LISTEN_FDS (hands its own open fds, e.g. its log file, to the container),
+# both of which a service under systemd inherits.
+CRUN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 class Overloaded(Exception):
@@ -197,7 +201,7 @@ class SandboxRuntime:
         target.touch()
         mount(os.path.realpath(real), str(target), None, MS_BIND)
         mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        self._crun_env = {**os.environ, "_LIBCONTAINER_CLONED_BINARY": "1"}
+        self._crun_env = {**CRUN_ENV, "_LIBCONTAINER_CLONED_BINARY": "1"}
         return str(target)
 
     def close(self) -> None:
@@ -227,7 +231,7 @@ class SandboxRuntime:
         if croot.is_dir():
             for c in croot.iterdir():
                 subprocess.run([self.config.crun, "--root", str(croot), "delete", "-f", c.name],
-                               capture_output=True)
+                               capture_output=True, env=CRUN_ENV)
         for m in mounts_under(str(d)):
             umount_quiet(m)
         if mounts_under(str(d)):
@@ -419,7 +423,8 @@ class SandboxRuntime:
             stdout, stderr = fo.read(out_limit), fe.read(out_limit)
         started = os.path.exists(pidfile)
         if os.path.exists(f"{self.crun_root}/{cid}"):
-            subprocess.run([self.crun, "--root", str(self.crun_root), "delete", "-f", cid], capture_output=True)
+            subprocess.run([self.crun, "--root", str(self.crun_root), "delete", "-f", cid], capture_output=True,
+                           env=self._crun_env)
         err = None
         if not started and not timed_out:
             err = "container did not start: "

@@ -138,7 +138,12 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
         pytest.skip(SKIP_REASON)
     port = free_port()
     log = tmp_path_factory.mktemp("sandbox") / "service.log"
-    env = dict(os.environ, TIDE_SANDBOX_TOKEN=TOKEN)
+    # The environment systemd gives a Type=notify, socket-activated service: the sandbox must not pass
+    # any of it (or the token) on to crun or the containers (tests/sandbox/test_hostile.py, host-env).
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path_factory.mktemp("notify") / "notify.sock"))
+    env = dict(os.environ, TIDE_SANDBOX_TOKEN=TOKEN, NOTIFY_SOCKET=notify.getsockname(), LISTEN_FDS="2",
+               LISTEN_PID="1")
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -169,6 +174,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    notify.close()
     with contextlib.suppress(OSError):  # the service removed its own state; leave no empty root in /run
         STATE_DIR.rmdir()
 

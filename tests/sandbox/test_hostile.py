@@ -164,6 +164,15 @@ except OSError as e:
     print("blocked", e.errno)
 """, {"ok"}, _all_blocked),
     Case("bash-kill-all", "bash", "kill -9 -1; echo survived", {"runtime_error", "ok"}),
+    # The service runs with NOTIFY_SOCKET, LISTEN_FDS and its token in its environment (conftest.py).
+    Case("py-host-env", "python", """import os
+env = [k for k in os.environ if k.startswith(("NOTIFY", "LISTEN", "TIDE"))]
+print("blocked env" if not env else "LEAKED env %s" % env)
+fds = sorted(os.listdir("/proc/self/fd"), key=int)
+print("blocked fds" if fds == ["0", "1", "2", "3"] else "LEAKED fds %s" % fds)  # 3: the listing itself
+mounts = [line.split()[4] for line in open("/proc/self/mountinfo")]
+print("blocked notify" if not any("notify" in m for m in mounts) else "LEAKED notify mount")
+""", {"ok"}, _all_blocked),
 ]
 
 
