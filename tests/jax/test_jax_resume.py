@@ -9,11 +9,11 @@ from jax_helpers import TINY
 pytestmark = pytest.mark.timeout(240, method="thread")
 
 
-def _cfg(name: str, run_dir):
+def _cfg(name: str, run_dir, seeds: int):
     from orchestrator.config import parse_config
 
     return parse_config({"name": name, "engine": "jax", "seed": 3, "iterations": 4, "save_every": 2,
-                         "keep_checkpoints": 3, "run_dir": str(run_dir), "jax": TINY})
+                         "keep_checkpoints": 3, "run_dir": str(run_dir), "jax": {**TINY, "seeds": seeds}})
 
 
 def _final_state(cfg, run):
@@ -24,18 +24,19 @@ def _final_state(cfg, run):
     return engine.restore(run.latest_checkpoint() / STATE_DIR)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+# Two seeds take both of the test process's host devices: the checkpoint gathers them, resume re-spreads them.
+@pytest.fixture(scope="module", params=[1, 2], ids=["one_seed", "two_seeds_two_devices"])
+def runs(request, tmp_path_factory):
     from orchestrator.jax_loop import run_jax
     from orchestrator.rundir import RunDir
 
     base = tmp_path_factory.mktemp("jaxruns")
     full = RunDir(base / "full")
-    cfg_full = _cfg("full", full.path)
+    cfg_full = _cfg("full", full.path, request.param)
     run_jax(cfg_full, full, resume=False, show_progress=False)
 
     cut = RunDir(base / "cut")
-    cfg_cut = _cfg("cut", cut.path)
+    cfg_cut = _cfg("cut", cut.path, request.param)
     run_jax(cfg_cut, cut, resume=False, stop_after=3, show_progress=False)  # killed after iteration 3
     cut_metrics_before = cut.metrics()
     run_jax(cfg_cut, cut, resume=True, show_progress=False)
@@ -61,6 +62,7 @@ def test_resume_is_exact(runs):
     assert [m["iteration"] for m in before] == [1, 2, 3]
     assert [m["iteration"] for m in cut.metrics()] == [1, 2, 3, 4]  # iteration 3 recorded once
     a, b = _final_state(cfg, full), _final_state(cfg, cut)
+    assert len(a.params.sharding.device_set) == cfg.jax.seeds  # one seed per device
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # the resumed run's iteration 3 and 4 metrics equal the uninterrupted run's
