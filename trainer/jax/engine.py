@@ -26,6 +26,7 @@ from trainer.jax.ppo import RunnerState, UpdateMetrics, make_optimizer, make_upd
 SHARD_AXIS = "shard"
 SEED_MESH_AXIS = "seed"
 MESH_AXIS = "data"
+STATE_SPEC = P(SEED_MESH_AXIS, MESH_AXIS)  # the runner state's [seeds, shards] leading axes on the mesh
 
 
 def enable_compilation_cache(path: str | None) -> None:
@@ -96,8 +97,7 @@ class Engine:
 
         chunk = _batch(_batch(per_shard, local_shards, SHARD_AXIS), local_seeds, None)
         if self.mesh is not None:
-            spec = P(SEED_MESH_AXIS, MESH_AXIS)
-            chunk = jax.shard_map(chunk, mesh=self.mesh, in_specs=(spec,), out_specs=spec)
+            chunk = jax.shard_map(chunk, mesh=self.mesh, in_specs=(STATE_SPEC,), out_specs=STATE_SPEC)
         self._chunk = jax.jit(chunk, donate_argnums=0)
         self._compiled: Any = None
 
@@ -149,7 +149,7 @@ class Engine:
     def place(self, state: Any) -> Any:
         if self.mesh is None:
             return jax.device_put(state, jax.devices()[0])
-        return jax.device_put(state, NamedSharding(self.mesh, P(SEED_MESH_AXIS, MESH_AXIS)))
+        return jax.device_put(state, NamedSharding(self.mesh, STATE_SPEC))
 
     # ---- running -------------------------------------------------------------------------------
     def compile(self, state: RunnerState) -> None:
