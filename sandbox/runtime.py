@@ -137,7 +137,7 @@ class SandboxRuntime:
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
         self.crun = self.config.crun  # start() replaces it with a read-only bind of the binary
-        self._crun_env: dict[str, str] | None = None
+        self._crun_env = dict(CRUN_ENV)  # start() adds the cloned-binary marker for the read-only bind
         self._started = False
 
     # ---------------------------------------------------------------- lifecycle
