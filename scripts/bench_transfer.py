@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Weight-transfer benchmark (BENCHMARKS.md): Mooncake pull vs a plain loopback socket copy vs memcpy.
+"""Weight-transfer benchmark (docs/benchmarks.md): Mooncake pull vs a plain loopback socket copy vs memcpy.
 
 A source process holds one shm file per size and serves it through `MooncakeTransport.serve` (TCP
 protocol, P2P handshake, loopback) and through plain TCP sockets. This process receives each into a fresh
@@ -22,10 +22,8 @@ import argparse
 import json
 import mmap
 import os
-import platform
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,12 +33,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_common import Report  # noqa: E402
 from ckpt_transfer.checksum import checksum_file  # noqa: E402
 from ckpt_transfer.manifest import ShardRecord  # noqa: E402
 from ckpt_transfer.transport import MooncakeTransport, TransferConfig  # noqa: E402
 
 BASELINES = ("socket_copy", "socket_sendfile", "memcpy")
+GBPS = "GB/s"
+CPU_METRIC = "CPU seconds per GiB, receiver + source process"
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -133,32 +135,6 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _summary(samples: list[float]) -> dict:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
-
-
-def _versions() -> dict:
-    from importlib.metadata import version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("mooncake-transfer-engine-non-cuda", "pydantic", "crc32c"):
-        try:
-            out[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001
-            out[pkg] = None
-    return out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="64 MiB and 1 GiB, 5 repeats (under 2 minutes)")
@@ -179,13 +155,12 @@ def main() -> int:
         sweep = []
     default_cfg = TransferConfig()
 
-    load_start = os.getloadavg()
+    report = Report("transfer", a.quick, out=a.out)
     root = Path("/dev/shm") / f"tide_bench_transfer_{os.getpid()}"
     (root / "src").mkdir(parents=True)
     (root / "dst").mkdir()
     src = subprocess.Popen([sys.executable, __file__, "--_source", str(root / "src")], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    results: list[dict] = []
     try:
         hello = json.loads(src.stdout.readline())
         address, port = hello["address"], hello["socket_port"]
@@ -227,30 +202,12 @@ def main() -> int:
                 if name in BASELINES:
                     continue
                 for base in BASELINES:
-                    c, b = _summary(samples[name]), _summary(samples[base])
-                    results.append({
-                        "name": f"{name} vs {base} @ {size // MiB} MiB",
-                        "contender": name, "baseline": base, "metric": "GB/s (higher is better)",
-                        "size_bytes": size,
-                        "samples_contender": [round(x, 4) for x in samples[name]],
-                        "samples_baseline": [round(x, 4) for x in samples[base]],
-                        "contender_median": c["median"], "baseline_median": b["median"],
-                        "contender_spread": [c["min"], c["max"]], "baseline_spread": [b["min"], b["max"]],
-                        "ratio": c["median"] / b["median"],
-                        **({"fraction_of_floor": c["median"] / b["median"]} if base == "memcpy" else {}),
-                    })
-                    cc, cb = _summary(cpu[name]), _summary(cpu[base])
-                    results.append({
-                        "name": f"{name} vs {base} @ {size // MiB} MiB, CPU",
-                        "contender": name, "baseline": base,
-                        "metric": "CPU seconds per GiB, receiver + source process (lower is better)",
-                        "size_bytes": size,
-                        "samples_contender": [round(x, 4) for x in cpu[name]],
-                        "samples_baseline": [round(x, 4) for x in cpu[base]],
-                        "contender_median": cc["median"], "baseline_median": cb["median"],
-                        "contender_spread": [cc["min"], cc["max"]], "baseline_spread": [cb["min"], cb["max"]],
-                        "ratio": cc["median"] / cb["median"],
-                    })
+                    row = report.add(f"{name} vs {base} @ {size // MiB} MiB", name, base, GBPS, samples[name],
+                                     samples[base], size_bytes=size)
+                    if base == "memcpy":
+                        row["fraction_of_floor"] = row["ratio"]
+                    report.add(f"{name} vs {base} @ {size // MiB} MiB, CPU", name, base, CPU_METRIC, cpu[name],
+                               cpu[base], higher_is_better=False, size_bytes=size)
             (root / "src" / info["name"]).unlink(missing_ok=True)
     finally:
         if src.poll() is None:
@@ -259,57 +216,43 @@ def main() -> int:
             src.wait(timeout=10)
         shutil.rmtree(root, ignore_errors=True)
 
-    gbps = [r for r in results if r["metric"].startswith("GB/s")]
+    results = report.results
+    gbps = [r for r in results if r["metric"] == GBPS]
     goal = next(r for r in gbps if r["contender"] == "mooncake_pull" and r["baseline"] == "socket_copy"
                 and r["size_bytes"] == goal_size)
     best = max((r for r in gbps if r["baseline"] == "socket_copy" and r["size_bytes"] == goal_size),
                key=lambda r: r["ratio"])
     from ckpt_transfer.checksum import ALGORITHM
 
-    doc = {
-        "area": "transfer",
-        "machine": {"cores": os.cpu_count(), "cpu": _cpu_model(), "versions": _versions(),
-                    "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg()},
-        "checksum_algorithm": ALGORITHM,
-        "quick": a.quick,
-        "config": {"default": default_cfg.model_dump(), "sweep_at_goal_size": [
-            {"bucket_bytes": b, "concurrency": c} for b, c in sweep]},
-        "results": results,
-        "goals": [{
-            "name": "mooncake pull >= 0.8x plain loopback socket copy at 1 GiB (default config)",
-            "ratio": goal["ratio"], "target": 0.8, "met": goal["ratio"] >= 0.8,
-        }],
-        "best_at_goal_size": {"contender": best["contender"], "ratio_vs_socket": best["ratio"]},
-    }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    report.note("checksum_algorithm", ALGORITHM)
+    report.note("config", {"default": default_cfg.model_dump(), "sweep_at_goal_size": [
+        {"bucket_bytes": b, "concurrency": c} for b, c in sweep]})
+    report.goal("mooncake pull >= 0.8x plain loopback socket copy at 1 GiB (default config)", goal["ratio"], 0.8)
+    report.note("best_at_goal_size", {"contender": best["contender"], "ratio_vs_socket": best["ratio"]})
+    out = report.write()
+    load = report.written["machine"]
 
     print(f"\nweight transfer over loopback, {os.cpu_count()} cores, {repeats} repeats, checksum {ALGORITHM}, "
-          f"load {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+          f"load {load['load_avg_at_start'][0]:.1f} -> {load['load_avg_at_end'][0]:.1f}")
     print(f"{'contender':40s} {'size':>8s} {'GB/s median [min-max]':>22s} {'/socket':>8s} {'/sendfile':>9s} "
           f"{'/memcpy':>8s} {'CPU s/GiB':>9s}")
+    row = {(r["contender"], r["size_bytes"], r["baseline"], r["metric"]): r for r in results}
     for r in gbps:
         if r["baseline"] != "socket_copy":
             continue
-        other = {x["baseline"]: x["ratio"] for x in gbps
-                 if x["contender"] == r["contender"] and x["size_bytes"] == r["size_bytes"]}
-        cpu_row = next(x for x in results if x["contender"] == r["contender"] and x["size_bytes"] == r["size_bytes"]
-                       and not x["metric"].startswith("GB/s"))
+        key = (r["contender"], r["size_bytes"])
+        socket_x, sendfile_x, memcpy_x = (row[(*key, base, GBPS)]["ratio"] for base in BASELINES)
         lo, hi = r["contender_spread"]
         print(f"{r['contender']:40s} {r['size_bytes'] // MiB:>5d}MiB {r['contender_median']:8.2f} [{lo:.2f}-{hi:.2f}]"
-              f" {other['socket_copy']:7.2f}x {other['socket_sendfile']:8.2f}x {other['memcpy']:7.2f}x"
-              f" {cpu_row['contender_median']:9.2f}")
+              f" {socket_x:7.2f}x {sendfile_x:8.2f}x {memcpy_x:7.2f}x"
+              f" {row[(*key, 'socket_copy', CPU_METRIC)]['contender_median']:9.2f}")
     for size in sizes:
-        med = {x["baseline"]: x["baseline_median"] for x in gbps
-               if x["size_bytes"] == size and x["contender"] == "mooncake_pull"}
-        cpu_med = {x["baseline"]: x["baseline_median"] for x in results
-                   if x["size_bytes"] == size and x["contender"] == "mooncake_pull" and not x["metric"].startswith("GB/s")}
+        med, cpu_med = ([row[("mooncake_pull", size, base, metric)]["baseline_median"] for base in BASELINES]
+                        for metric in (GBPS, CPU_METRIC))
         print(f"{'  baselines socket / sendfile / memcpy':40s} {size // MiB:>5d}MiB "
-              f"{med['socket_copy']:.2f} / {med['socket_sendfile']:.2f} / {med['memcpy']:.2f} GB/s; CPU s/GiB "
-              f"{cpu_med['socket_copy']:.2f} / {cpu_med['socket_sendfile']:.2f} / {cpu_med['memcpy']:.2f}")
-    for g in doc["goals"]:
-        print(f"goal: {g['name']}: {g['ratio']:.2f}x (target {g['target']}) -> {'met' if g['met'] else 'NOT met'}")
+              f"{med[0]:.2f} / {med[1]:.2f} / {med[2]:.2f} GB/s; CPU s/GiB "
+              f"{cpu_med[0]:.2f} / {cpu_med[1]:.2f} / {cpu_med[2]:.2f}")
+    report.print_goals()
     print(f"wrote {out}")
     return 0
 
