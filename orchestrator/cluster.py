@@ -10,13 +10,18 @@ _RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DE
 
 @dataclass
 class Cluster:
-    started_here: bool
+    """How this driver came to Ray: `connected_here` when `connect` called `ray.init` (starting a local
+    cluster or joining `ray.address`); False when Ray was already initialised in this process by someone
+    else, whose connection (and cluster) `shutdown` leaves alone."""
+
+    connected_here: bool
 
     def shutdown(self) -> None:
         import ray
 
-        if ray.is_initialized():
-            ray.shutdown()  # a cluster we joined keeps running; one we started stops with its driver
+        # Disconnecting from a joined cluster leaves it running; a cluster started here stops with it.
+        if self.connected_here and ray.is_initialized():
+            ray.shutdown()
 
 
 def connect(address: str | None, namespace: str, num_cpus: int | None = None, log_to_driver: bool = False) -> Cluster:
@@ -25,11 +30,11 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None, lo
     import ray
 
     if ray.is_initialized():
-        return Cluster(started_here=False)
+        return Cluster(connected_here=False)
     kwargs = dict(namespace=namespace, include_dashboard=False, log_to_driver=log_to_driver,
                   runtime_env={"env_vars": {k: os.environ[k] for k in _RAY_ENV}})
     if address:
         ray.init(address=address, **kwargs)
-        return Cluster(started_here=False)
+        return Cluster(connected_here=True)
     ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
-    return Cluster(started_here=True)
+    return Cluster(connected_here=True)

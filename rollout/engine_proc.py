@@ -8,7 +8,6 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import wait
 from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
 # vLLM's shared-memory broadcast queues (Python SharedMemory) and torch file stores. Only segments that
 # processes of one engine have mapped or opened are attributed to it.
 _SEGMENT_PREFIXES = ("psm_", "vllm_dist_")

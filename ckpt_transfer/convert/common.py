@@ -23,14 +23,6 @@ class RankLayout:
     layer_map: Mapping[int, int] | None = None  # None: local index == global index
 
     @property
-    def first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def last_stage(self) -> bool:
-        return self.pp_rank == self.pp_size - 1
-
-    @property
     def writes_dense(self) -> bool:
         """Data-parallel replicas hold the same dense weights: only the first writes them."""
         return self.dp_rank == 0

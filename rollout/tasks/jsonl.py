@@ -40,19 +40,27 @@ class JsonlTask:
     path: str
     name: str = "jsonl"
     _problems: list[Problem] = field(default_factory=list, repr=False)
+    _order_key: tuple[int, int] | None = field(default=None, repr=False)
+    _order: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._problems = load_jsonl(self.path)
 
     def problems(self, seed: int, iteration: int, n: int) -> list[Problem]:
-        """Epoch-wise shuffled cursor: iteration i takes items [i*n, (i+1)*n) of the shuffled stream."""
+        """Epoch-wise shuffled cursor: iteration i takes items [i*n, (i+1)*n) of the shuffled stream (each
+        epoch's order shuffled once, a pure function of (seed, epoch))."""
         out, total = [], len(self._problems)
         for k in range(iteration * n, (iteration + 1) * n):
             epoch, pos = divmod(k, total)
-            order = list(range(total))
-            random.Random(hash((seed, epoch)) & 0xFFFFFFFF).shuffle(order)
-            out.append(self._problems[order[pos]])
+            out.append(self._problems[self._epoch_order(seed, epoch)[pos]])
         return out
+
+    def _epoch_order(self, seed: int, epoch: int) -> list[int]:
+        if self._order_key != (seed, epoch):
+            order = list(range(len(self._problems)))
+            random.Random(hash((seed, epoch)) & 0xFFFFFFFF).shuffle(order)
+            self._order_key, self._order = (seed, epoch), order
+        return self._order
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
         return [numeric_match(c, p.answer) for p, c in zip(problems, completions)]

@@ -40,3 +40,19 @@ def test_numeric_match():
     assert numeric_match("0.75", "3/4") == 1.0
     assert numeric_match("1,000", "1000") == 1.0
     assert numeric_match("abc", "1") == 0.0
+
+
+def test_jsonl_epochs_follow_the_seeded_shuffle(tmp_path):
+    """Iteration i takes items [i*n, (i+1)*n) of a stream in which every epoch is one seeded shuffle of the
+    file: each epoch covers every line once, epochs differ, and the order is a pure function of the seed."""
+    import random
+
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": i}) for i in range(7)))
+    t = JsonlTask(str(f))
+    stream = [p.prompt for it in range(7) for p in t.problems(3, it, 3)]  # 21 items = 3 epochs
+    for epoch in range(3):
+        order = list(range(7))
+        random.Random(hash((3, epoch)) & 0xFFFFFFFF).shuffle(order)
+        assert stream[epoch * 7:(epoch + 1) * 7] == [f"q{i}" for i in order]
+    assert JsonlTask(str(f)).problems(3, 5, 3) == t.problems(3, 5, 3)
