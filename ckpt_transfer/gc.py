@@ -1,4 +1,4 @@
-"""Garbage collection of old iterations in a node's shm root (`<root>/<run>/<iteration>/`)."""
+"""A node's shared-memory layout (`<root>/<run>/<iteration>/`) and garbage collection of old iterations in it."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,11 @@ from pathlib import Path
 
 from ckpt_transfer.manifest import MANIFEST_FILE
 from ckpt_transfer.recycle import SHARD_SUFFIX, recycle_shards
-from ckpt_transfer.transport import PARTIAL_SUFFIX
+
+
+def iteration_dir(shm_root: str | os.PathLike[str], run: str, iteration: int) -> Path:
+    """Where a node keeps one iteration of a run: `<shm_root>/<run>/<iteration, 7 digits>/`."""
+    return Path(shm_root) / run / f"{iteration:07d}"
 
 
 def iteration_dirs(run_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -53,15 +57,6 @@ def gc_iterations(run_root: str | os.PathLike[str], keep_last: int, protect: Ite
             remove_iteration(p, budget)
             removed.append(it)
     return removed
-
-
-def remove_partials(root: str | os.PathLike[str]) -> list[Path]:
-    """Delete leftover `*.partial` files (a puller that died mid-transfer) under `root`."""
-    gone = []
-    for p in Path(root).rglob(f"*{PARTIAL_SUFFIX}"):
-        p.unlink(missing_ok=True)
-        gone.append(p)
-    return gone
 
 
 def shm_usage(root: str | os.PathLike[str]) -> int:

@@ -77,7 +77,7 @@ class NodeAgent:
         return self.transport.address
 
     def local_dir(self, run: str, iteration: int) -> Path:
-        return self.root / run / f"{iteration:07d}"  # the publisher's layout (writer.iteration_dir)
+        return gc.iteration_dir(self.root, run, iteration)
 
     # ------------------------------------------------------------------ source side
     def publish(self, manifest: Manifest) -> dict[str, ServedFile]:

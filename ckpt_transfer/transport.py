@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ckpt_transfer.checksum import IncrementalChecksum, algorithm_of, checksum_file
 from ckpt_transfer.manifest import Manifest, ShardRecord
@@ -55,7 +55,9 @@ OPTIONAL_FILES = ("model.safetensors.index.json",)
 
 
 class TransferConfig(BaseModel):
-    """Transport settings (the `transfer:` block of the YAML)."""
+    """Transport settings (the YAML `transfer.mooncake:` section)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     protocol: Literal["tcp", "rdma"] = "tcp"
     device_names: list[str] = Field(default_factory=list)  # e.g. ["mlx5_0", "mlx5_1"] for rdma

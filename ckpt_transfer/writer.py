@@ -9,7 +9,6 @@ import math
 import mmap
 import os
 import shutil
-import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,9 +20,9 @@ from .checksum import IncrementalChecksum
 from .convert.common import HFTensor
 from .manifest import Manifest, ShardRecord, TensorRecord
 from .recycle import pool_dir, take_recycled
+from .safetensors_format import encode_header
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 AUX_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
@@ -49,10 +48,6 @@ def writer_process_env(environ: Mapping[str, str] = os.environ) -> dict[str, str
     tunable = f"glibc.cpu.x86_non_temporal_threshold={NON_TEMPORAL_THRESHOLD:#x}"
     existing = environ.get("GLIBC_TUNABLES")
     return {"GLIBC_TUNABLES": f"{existing}:{tunable}" if existing else tunable}
-
-
-def iteration_dir(shm_root: str | Path, run: str, iteration: int) -> Path:
-    return Path(shm_root) / run / f"{iteration:07d}"
 
 
 def write_shards(stream: Iterable[HFTensor], out_dir: str | Path, *, node: str, prefix: str,
@@ -110,23 +105,6 @@ def split_in_order(sizes: list[int], parts: int, cap: int) -> list[list[int]]:
     return groups
 
 
-def safetensors_header(tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str],
-                       shapes: Mapping[str, tuple[int, ...]] | None = None) -> bytes:
-    """The safetensors prefix: little-endian u64 header length, then the JSON header (padded with spaces to
-    8 bytes, so tensor data starts aligned), tensors laid out in the given order; `shapes` overrides a
-    tensor's shape (same elements, same order)."""
-    header: dict = {"__metadata__": metadata}
-    offset = 0
-    for name, t in tensors:
-        n = t.numel() * t.element_size()
-        shape = list((shapes or {}).get(name, t.shape))
-        header[name] = {"dtype": _SAFETENSORS_DTYPE[t.dtype], "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(len(text) + 8) % 8)
-    return struct.pack("<Q", len(text)) + text
-
-
 class FileMappings:
     """Writable shared mappings of the shard files this process wrote, kept from one publish to the next.
 
@@ -173,14 +151,14 @@ MAPPINGS = FileMappings()  # per process: a trainer rank keeps its shard mapping
 def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str], *,
                       recycle_pool: Path | None = None,
                       shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, str]:
-    """Write CPU tensors (any strides; `shapes` as in safetensors_header) as one safetensors file,
+    """Write CPU tensors (any strides; `shapes` as in safetensors_format.encode_header) as one safetensors file,
     checksumming each piece as it lands; return (bytes, checksum).
 
     Written by hand rather than with safetensors.torch.save_file because that writer truncates its target,
     so it cannot reuse recycled pages or a kept mapping, and wants contiguous tensors; the files load with
     safetensors, transformers and vLLM like any other (tests/ckpt_transfer/test_writer.py and the publish
     integration tests check that)."""
-    header = torch.frombuffer(bytearray(safetensors_header(tensors, metadata, shapes)), dtype=torch.uint8)
+    header = torch.frombuffer(bytearray(encode_header(tensors, metadata, shapes)), dtype=torch.uint8)
     total = header.numel() + sum(t.numel() * t.element_size() for _, t in tensors)
     partial = path.with_name(path.name + ".partial")
     recycled = recycle_pool is not None and take_recycled(recycle_pool, total, partial)

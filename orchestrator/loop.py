@@ -3,39 +3,53 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchestrator.batches import samples_batch
+from orchestrator.checkpointing import save_checkpoint
+from orchestrator.logprob_check import check_logprob_gap, logprob_gap
+from orchestrator.rewards import score_samples
 from orchestrator.session import Session, console
 
 
+def sampling_seed(seed: int, iteration: int) -> int:
+    return (seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
+
+
 def run_iterations(s: Session) -> None:
-    cfg, run = s.cfg, s.run
+    cfg, run, r = s.cfg, s.run, s.cfg.rollout
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+                  console=console) as progress:
         bar = progress.add_task(cfg.name, total=cfg.iterations, completed=s.start_iteration)
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
-            problems = s.problems(it)
+            problems = s.task.problems(cfg.seed, it, r.prompts_per_iteration)
             with run.phase(it, "rollout"):
                 progress.update(bar, description=f"{cfg.name} · rollout")
-                samples = s.generate(problems, it)
+                samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, r.temperature,
+                                             sampling_seed(cfg.seed, it))
             with run.phase(it, "reward"):
-                reward = s.score(problems, samples)
+                reward = score_samples(s.task, problems, samples, cfg.trainer.length_penalty)
             with run.phase(it, "train"):
                 progress.update(bar, description=f"{cfg.name} · train")
-                train = s.train(samples)
+                train = s.trainer.train_step(samples_batch(samples), lr=cfg.trainer.lr,
+                                             updates=cfg.trainer.updates_per_iteration)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
             with run.phase(it, "sync") as rec:
-                progress.update(bar, description=f"{cfg.name} · sync ({cfg.rollout.sync_mode})")
-                gap = s.sync(manifest)
+                progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
+                delivery = s.sync(manifest)
+                gap = logprob_gap(s.trainer, s.rollout, s.probe)
                 rec["bytes"] = manifest.nbytes
-            s.record(it, {**reward, "logprob_gap": gap, "loss": train["loss"], "grad_norm": train["grad_norm"],
-                          "sq_log_ratio": train["sq_log_ratio"], "samples": len(samples), **s.last_pull})
+            moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
+                     if cfg.transfer.enabled else {})
+            run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
+                             "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"],
+                             "samples": len(samples), **moved})
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  acc {reward['accuracy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {gap:.2e}")
-            s.check_gap(it, gap)
+            check_logprob_gap(it, gap, r.max_logprob_gap)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")
-                    s.checkpoint(it)
+                    save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints)
             progress.update(bar, advance=1, description=cfg.name)
-    s.write_final(cfg.iterations)
+    run.write_final(cfg.iterations, s.trainer.parameter_digests())

@@ -4,20 +4,21 @@ from __future__ import annotations
 import ray
 
 from ckpt_transfer.manifest import Manifest
+from rollout.config import EngineConfig
 from rollout.samples import Samples
 from rollout.tasks import Problem
 
 
 class RolloutGroup:
-    def __init__(self, model_dirs: list[str], engine_cfg, timeout_s: float):
+    def __init__(self, model_dirs: list[str], cfg: EngineConfig, *, dtype: str, seed: int, deterministic: bool):
         """One engine per directory (each engine's own copy of the starting weights)."""
         from rollout.engine import RolloutEngine
 
-        self.timeout = timeout_s
+        self.timeout = cfg.engine_start_timeout_s
         actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine)
-        self.engines = [actor.remote(d, engine_cfg) for d in model_dirs]
+        self.engines = [actor.remote(d, cfg, dtype=dtype, seed=seed, deterministic=deterministic) for d in model_dirs]
         try:
-            ray.get([e.engine_pid.remote() for e in self.engines], timeout=timeout_s)
+            ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
         except BaseException:
             self.shutdown()
             raise

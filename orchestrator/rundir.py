@@ -5,6 +5,7 @@ Layout:
     RUN_DIR/timings.jsonl      one record per phase per iteration: iteration, phase, start, seconds[, bytes]
     RUN_DIR/metrics.jsonl      one record per iteration: iteration, reward_mean, logprob_gap, ...
     RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
+    RUN_DIR/final.json         the last iteration and the trainer's parameter digests (LLM runs)
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -61,7 +62,6 @@ class PhaseRecord:
 @dataclass
 class RunDir:
     path: Path
-    _phase_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -168,6 +168,12 @@ class RunDir:
     @staticmethod
     def read_run_state(ckpt: Path) -> dict:
         return json.loads((ckpt / RUN_STATE_FILE).read_text())
+
+    def write_final(self, iteration: int, parameter_digests: list[str]) -> None:
+        """`final.json`: the last iteration and a digest of every trainer rank's parameters (equal digests,
+        equal weights: what an uninterrupted and a resumed run are compared by)."""
+        (self.path / "final.json").write_text(json.dumps(
+            {"iteration": iteration, "parameter_digests": parameter_digests}, indent=1))
 
 
 def _fsync_dir(path: Path) -> None:

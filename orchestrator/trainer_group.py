@@ -8,7 +8,8 @@ import ray
 
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
-from trainer.batch import TrainBatch, TrainerSpec
+from trainer.batch import TrainBatch
+from trainer.config import TrainerSpec
 
 
 class _Rank:
@@ -35,11 +36,12 @@ class _Rank:
 class TrainerGroup:
     def __init__(self, spec: TrainerSpec, timeout_s: float = 900):
         self.spec, self.timeout = spec, timeout_s
-        self.world = spec.tp * spec.pp * max(spec.ep, 1)
+        self.world = spec.trainer.parallel.world
         env = writer_process_env()
-        if spec.device == "cpu":
+        device = spec.trainer.device
+        if device == "cpu":
             env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        resources = {"num_gpus": 1} if spec.device == "cuda" else {"num_cpus": 0}
+        resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
         actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
         self.ranks = [actor.remote() for _ in range(self.world)]
         try:
@@ -79,7 +81,7 @@ class TrainerGroup:
         records = [s for r in results for s in r["shards"]]
         aux = sorted({name for r in results for name in r["aux_files"]})
         manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,
-                            tp_size=self.spec.tp)
+                            tp_size=self.spec.trainer.parallel.tp)
         finalize_manifest(manifest)
         return manifest
 
@@ -100,12 +102,3 @@ class TrainerGroup:
                 pass
             ray.kill(r)
         self.ranks = []
-
-
-def trainer_spec(cfg, hf_dir: str) -> TrainerSpec:
-    t = cfg.trainer
-    return TrainerSpec(hf_dir=hf_dir, device=t.device, backend=t.backend, tp=t.parallel.tp, pp=t.parallel.pp,
-                       ep=t.parallel.ep, loss=t.loss, lr=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-                       kimi_tau=t.kimi_tau, clip_eps=t.clip_eps, micro_batch_size=t.micro_batch_size,
-                       seed=cfg.seed, deterministic=cfg.deterministic, dtype=cfg.model.dtype)
-

@@ -17,13 +17,20 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
 from ckpt_transfer.manifest import Manifest
 
-from .checkpoint import CheckpointError, engine_checkpoint_dir, layout_difference, tensor_layout, verify_manifest
+from ckpt_transfer.verify import (
+    CheckpointError,
+    engine_checkpoint_dir,
+    layout_difference,
+    tensor_layout,
+    verify_manifest,
+)
+
+from .config import EngineConfig
 from .engine_proc import DeathWatch, engine_segments, pids_alive, process_tree, remove_segments
 from .samples import Sample, Samples
 from .tasks.base import Problem
@@ -40,33 +47,6 @@ class EngineError(RuntimeError):
 
 class SyncError(RuntimeError):
     """A sync was refused or failed; the engine still serves the previous verified weights."""
-
-
-@dataclass
-class EngineConfig:
-    tp: int = 1
-    dtype: str = "float32"  # bf16 is slower on CPU and drifts from the float32 trainer
-    kv_cache_gb: float = 0.25
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    seed: int = 0
-    enforce_eager: bool = True  # torch.compile costs 30-150 s of start-up on CPU for ~10%
-    deterministic: bool = False  # disables prefix caching: every prompt is recomputed, same path every time
-    max_engine_restarts: int = 2  # per generate/score call, when the engine process dies
-    start_timeout_s: float = 600.0
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None  # tokens per engine step; None: vLLM's default for unsplit prefill
-    cache_root: str | None = None  # VLLM_CACHE_ROOT; default <project>/.cache/vllm
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.tp < 1:
-            raise ValueError(f"tp must be >= 1, got {self.tp}")
-        if self.kv_cache_gb <= 0:
-            raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
-        if self.max_engine_restarts < 0:
-            raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
-        if self.start_timeout_s <= 0:
-            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -92,8 +72,12 @@ def _threads_bind(tp: int) -> str:
 
 
 class RolloutEngine:
-    def __init__(self, model_dir: str, cfg: EngineConfig | None = None) -> None:
+    def __init__(self, model_dir: str, cfg: EngineConfig | None = None, *, dtype: str = "float32", seed: int = 0,
+                 deterministic: bool = False) -> None:
+        """`dtype`: float32 by default (bf16 is slower on CPU and drifts from a float32 trainer);
+        `deterministic` turns prefix caching off, so every prompt is recomputed on the same path."""
         self.cfg = cfg or EngineConfig()
+        self.dtype, self.seed, self.deterministic = dtype, seed, deterministic
         self._checkpoint_dir = Path(model_dir)  # latest verified weights: restarts always go back here
         self._iteration: int | None = None
         self._llm: Any = None
@@ -257,7 +241,7 @@ class RolloutEngine:
         os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         # Read once when vLLM is first imported in this process.
-        os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.start_timeout_s))
+        os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.engine_start_timeout_s))
         # Explicit for tp=1 too: vLLM's "auto" binding reserves a core for its scheduler and keeps one logical
         # CPU per physical core, which left the model one thread on a 2-vCPU machine (half the tokens/s of
         # binding both; scripts/bench_rollout.py). Ignored on GPUs.
@@ -268,8 +252,8 @@ class RolloutEngine:
     def _llm_kwargs(self) -> dict:
         cfg = self.cfg
         kw: dict[str, Any] = dict(
-            tensor_parallel_size=cfg.tp, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
-            kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not cfg.deterministic,
+            tensor_parallel_size=cfg.tp, dtype=self.dtype, seed=self.seed, enforce_eager=cfg.enforce_eager,
+            kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not self.deterministic,
             logprobs_mode="raw_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
             # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
             # discarded and its generator rewound with set_offset, which CPU generators do not support
@@ -379,30 +363,29 @@ class RolloutEngine:
         if not self._alive():
             self._restart_on(path, iteration)
             return
-        try:
-            self._load_in_place(path)
-        except Exception as e:
-            detail = f"{type(e).__name__}: {e}"
-            self._recover()
-            raise SyncError(f"reload of iteration {iteration} from {path} failed ({detail}); "
-                            f"still serving {self._checkpoint_dir}") from None
+        self._sync_step(f"reload of iteration {iteration} from {path}", lambda: self._load_in_place(path))
 
     def _load_in_place(self, path: Path) -> None:
         llm = self._llm
-        llm.collective_rpc("reload_weights", timeout=self.cfg.start_timeout_s, kwargs={"weights_path": str(path)})
+        llm.collective_rpc("reload_weights", timeout=self.cfg.engine_start_timeout_s,
+                           kwargs={"weights_path": str(path)})
         # Without this, prompts longer than one KV block reuse KV computed with the old weights.
         if not llm.reset_prefix_cache():
             raise EngineError("reset_prefix_cache refused (requests still running)")
 
     def _restart_on(self, path: Path, iteration: int) -> None:
         self._teardown()
+        self._sync_step(f"restart on iteration {iteration} from {path}", lambda: self._start(path))
+
+    def _sync_step(self, what: str, step: Callable[[], None]) -> None:
+        """Run the loading step of a sync; if it fails, go back to the latest verified weights and raise
+        SyncError naming what failed."""
         try:
-            self._start(path)
+            step()
         except Exception as e:
             detail = f"{type(e).__name__}: {e}"
             self._recover()
-            raise SyncError(f"restart on iteration {iteration} from {path} failed ({detail}); "
-                            f"still serving {self._checkpoint_dir}") from None
+            raise SyncError(f"{what} failed ({detail}); still serving {self._checkpoint_dir}") from None
 
     def _recover(self) -> None:
         """Back to the latest verified weights after a failed sync (the engine may hold partial weights)."""

@@ -17,7 +17,6 @@ it is an upper bound); each side's fraction of it shows how much room a faster e
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -26,19 +25,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Report, alternate, timed  # noqa: E402
+from bench_common import Report, alternate, bench_arguments, repeats_for, timed  # noqa: E402
 
 TARGET = 3.0
 
 
 def build_model(tmp: Path, quick: bool) -> Path:
     from rollout.tasks import AdditionTask
-    from trainer.tiny_model import TinySpec, build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     # ~104M parameters (12 x 8.7M per layer); quick: ~25M
     hidden, layers, inter = (512, 6, 2048) if quick else (768, 12, 3072)
-    spec = TinySpec(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=4,
-                    intermediate_size=inter, max_position_embeddings=512)
+    spec = TinyModelConfig(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=4,
+                           intermediate_size=inter, max_position_embeddings=512)
     return build_tiny_model(tmp / "model", AdditionTask(4).corpus(), spec)
 
 
@@ -94,15 +93,14 @@ def gemm_ceiling(model, batch: int, repeats: int = 5) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    args = bench_arguments(__doc__).parse_args()
 
-    from rollout.engine import EngineConfig, RolloutEngine
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
     from rollout.tasks import AdditionTask
 
     quick = args.quick
-    repeats = 3 if quick else 5
+    repeats = repeats_for(quick)
     n_prompts, n_samples, max_new = (16, 4, 32) if quick else (64, 4, 64)
     report = Report("rollout", quick)
     tmp = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
@@ -110,7 +108,7 @@ def main() -> None:
         model_dir = build_model(tmp, quick)
         problems = AdditionTask(4).problems(seed=0, iteration=1, n=n_prompts)
         prompts = [p.prompt for p in problems]
-        engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=1.0, seed=0))
+        engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=1.0), seed=0)
         hf = HFGenerate(model_dir)
         seeds = iter(range(10_000))
 

@@ -11,7 +11,6 @@ bench_rollout.py. Goals: reload at least 30x faster than restart; publish at lea
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Report, alternate, timed  # noqa: E402
+from bench_common import Report, alternate, bench_arguments, repeats_for, timed  # noqa: E402
 from bench_rollout import build_model  # noqa: E402
 
 RELOAD_TARGET = 30.0
@@ -30,22 +29,21 @@ SHARD_BYTES = 512 << 20
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    args = bench_arguments(__doc__).parse_args()
 
     import ray
     import torch
 
     from ckpt_transfer.gc import gc_iterations
     from ckpt_transfer.recycle import pool_dir
-    from orchestrator.config import PublishConfig
+    from ckpt_transfer.config import PublishConfig
     from orchestrator.trainer_group import TrainerGroup
-    from rollout.engine import EngineConfig, RolloutEngine
-    from trainer.batch import TrainerSpec
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
+    from trainer.config import TrainerConfig, TrainerSpec
 
     quick = args.quick
-    repeats = 3 if quick else 5
+    repeats = repeats_for(quick)
     report = Report("sync", quick)
     tmp = Path(tempfile.mkdtemp(prefix="bench_sync_"))
     shm = Path(tempfile.mkdtemp(prefix="bench_sync_", dir="/dev/shm"))
@@ -53,7 +51,7 @@ def main() -> None:
     engine = group = None
     try:
         model_dir = build_model(tmp, quick)
-        group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), tp=1, pp=1, ep=1, loss="grpo", lr=1e-5))
+        group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(loss="grpo", lr=1e-5)))
         iteration = [0]
 
         keep_last = PublishConfig().keep_last
@@ -97,7 +95,7 @@ def main() -> None:
         manifest = publish_once()
 
         # --- reload vs restart on the same published iteration
-        engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=0.5, seed=0))
+        engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=0.5), seed=0)
         engine.sync(manifest, "reload")  # warm-up
 
         def sync_seconds(mode: str) -> float:

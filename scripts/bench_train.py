@@ -10,7 +10,6 @@ publish: GB/s of Megatron -> HF conversion into /dev/shm safetensors vs torch.sa
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Report, alternate, timed  # noqa: E402
+from bench_common import Report, alternate, bench_arguments, repeats_for, timed  # noqa: E402
 
 LAYOUTS = {"tp1": ("qwen2", 1, 1, 1), "tp2": ("qwen2", 2, 1, 1), "pp2": ("qwen2", 1, 2, 1),
            "ep2-moe": ("mixtral", 1, 1, 2)}
@@ -27,11 +26,11 @@ LAYOUTS = {"tp1": ("qwen2", 1, 1, 1), "tp2": ("qwen2", 2, 1, 1), "pp2": ("qwen2"
 
 def build_model(arch: str, tmp: Path, quick: bool) -> Path:
     from rollout.tasks import AdditionTask
-    from trainer.tiny_model import TinySpec, build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     hidden = 128 if quick else 256
-    spec = TinySpec(architecture=arch, hidden_size=hidden, num_layers=4, num_heads=4, num_kv_heads=2,
-                    intermediate_size=2 * hidden, num_experts=4, experts_per_token=2)
+    spec = TinyModelConfig(architecture=arch, hidden_size=hidden, num_layers=4, num_heads=4, num_kv_heads=2,
+                           intermediate_size=2 * hidden, num_experts=4, experts_per_token=2)
     return build_tiny_model(tmp / arch, AdditionTask(2).corpus(), spec)
 
 
@@ -91,8 +90,7 @@ class PlainStep:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = bench_arguments(__doc__)
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -101,9 +99,9 @@ def main() -> None:
     import torch
 
     from orchestrator.trainer_group import TrainerGroup
-    from trainer.batch import TrainerSpec
+    from trainer.config import ParallelConfig, TrainerConfig, TrainerSpec
 
-    repeats = 3 if args.quick else 5
+    repeats = repeats_for(args.quick)
     n, seq = (32, 64) if args.quick else (64, 128)
     report = Report("train", args.quick)
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
@@ -115,8 +113,9 @@ def main() -> None:
             model_dir = build_model(arch, tmp, args.quick)
             batch = make_batch(model_dir, n, seq)
             tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.sequences)
-            group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), tp=tp, pp=pp, ep=ep, loss="grpo", lr=1e-5,
-                                             micro_batch_size=8 if pp > 1 else n))
+            trainer = TrainerConfig(parallel=ParallelConfig(tp=tp, pp=pp, ep=ep), loss="grpo", lr=1e-5,
+                                    micro_batch_size=8 if pp > 1 else n)
+            group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=trainer))
             plain = PlainStep(model_dir, threads=tp * pp * ep)
             group.train_step(batch)  # warm-up: first steps allocate buffers
             plain.step(batch)

@@ -71,9 +71,9 @@ def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 HF directory (random init, float32). head_dim is 32: vLLM's CPU attention kernels
     support head sizes 32, 64, 80, ... only."""
     from rollout.tasks import AdditionTask
-    from trainer.tiny_model import TinySpec, build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
-    spec = TinySpec(hidden_size=64, num_heads=2, num_kv_heads=1)
+    spec = TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1)
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", AdditionTask(1).corpus(), spec)
 
 
@@ -83,9 +83,10 @@ def rollout_engine(ray_cluster, tiny_model_dir):
     orchestrator wraps it (max_concurrency=2: info/engine_pid answer while a generate runs)."""
     import ray
 
-    from rollout.engine import EngineConfig, RolloutEngine
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
 
-    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=2, start_timeout_s=400)
+    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=2, engine_start_timeout_s=400)
     actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine).remote(str(tiny_model_dir), cfg)
     ray.get(actor.info.remote(), timeout=600)  # the constructor ran: the engine is up
     try:

@@ -16,25 +16,3 @@ class TrainSequence:
 @dataclass
 class TrainBatch:
     sequences: list[TrainSequence]
-
-
-@dataclass
-class TrainerSpec:
-    """What a trainer rank needs to build itself: a plain mirror of the YAML trainer section."""
-
-    hf_dir: str
-    device: str = "cpu"
-    backend: str = "gloo"
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    loss: str = "kimi"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    kimi_tau: float = 0.1
-    clip_eps: float = 0.2
-    micro_batch_size: int = 64
-    seed: int = 0
-    deterministic: bool = True
-    dtype: str = "float32"

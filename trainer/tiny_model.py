@@ -7,27 +7,32 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 EOS = "<|endoftext|>"
 
 
-@dataclass(frozen=True)
-class TinySpec:
-    architecture: str = "qwen2"  # or "mixtral" (mixture of experts)
-    num_experts: int = 4
-    experts_per_token: int = 2
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    max_position_embeddings: int = 256
+class TinyModelConfig(BaseModel):
+    """Architecture of the locally built model (the YAML `model.tiny:` section, used when `model.path` is
+    absent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: Literal["qwen2", "mixtral"] = "qwen2"
+    num_experts: int = Field(4, gt=0)  # mixtral only
+    experts_per_token: int = Field(2, gt=0)
+    hidden_size: int = Field(64, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    max_position_embeddings: int = Field(256, gt=0)
     tie_word_embeddings: bool = False
-    init_std: float = 0.02
-    vocab_multiple: int = 64  # pad the vocabulary so any TP degree up to 64 divides it
-    seed: int = 0
+    init_std: float = Field(0.02, gt=0)
+    vocab_multiple: int = Field(64, gt=0)  # pad the vocabulary so any TP degree up to 64 divides it
 
 
 def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):
@@ -50,13 +55,15 @@ def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):
     return fast
 
 
-def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinySpec = TinySpec()) -> Path:
-    """Create (or reuse, when the same spec and corpus were built before) a tiny HF model directory."""
+def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = TinyModelConfig(),
+                     seed: int = 0) -> Path:
+    """Create (or reuse, when the same spec, corpus and seed were built before) a tiny HF model directory
+    whose weights are drawn with `seed`."""
     import torch
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config
 
     out_dir = Path(out_dir)
-    key = hashlib.sha256(json.dumps([asdict(spec), corpus]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([spec.model_dump(), corpus, seed]).encode()).hexdigest()[:16]
     stamp = out_dir / ".tide-tiny"
     if stamp.exists() and stamp.read_text() == key:
         return out_dir
@@ -91,7 +98,7 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinySpec = TinySpec
                                num_experts_per_tok=spec.experts_per_token, router_aux_loss_coef=0.0)
     else:
         raise ValueError(f"unknown tiny architecture {spec.architecture!r} (qwen2 or mixtral)")
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / ".tide-tiny").write_text(key)

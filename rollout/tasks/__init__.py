@@ -1,4 +1,7 @@
 """Prompt sources and verifiers."""
+from __future__ import annotations
+
+from ..config import TaskConfig
 from .base import Problem, Task
 from .jsonl import JsonlTask, TaskDataError, load_jsonl
 from .synthetic import AdditionTask, ReverseTask
@@ -8,15 +11,18 @@ __all__ = ["Problem", "Task", "JsonlTask", "TaskDataError", "load_jsonl", "Addit
            "exact_match", "numeric_match", "make_task"]
 
 
-def make_task(name: str, **kwargs) -> Task:
-    if name == "addition":
-        return AdditionTask(max_digits=kwargs.get("max_digits", 2))
-    if name == "reverse":
-        return ReverseTask(length=kwargs.get("length", 3))
-    if name == "jsonl":
-        return JsonlTask(path=kwargs["path"])
-    if name == "code":
-        from .code import CodeTask  # needs the sandbox service
+def make_task(cfg: TaskConfig, sandbox_url: str | None = None) -> Task:
+    """The task the YAML `task:` section names; `sandbox_url` is where the code task's sandbox listens."""
+    if cfg.name == "addition":
+        return AdditionTask(max_digits=cfg.max_digits)
+    if cfg.name == "reverse":
+        return ReverseTask(length=cfg.length)
+    if cfg.name == "jsonl":
+        return JsonlTask(path=cfg.path)
+    if cfg.name == "code":
+        from .code import CodeTask  # needs the sandbox client
 
-        return CodeTask(**{k: v for k, v in kwargs.items() if k in ("sandbox_url",)})
-    raise ValueError(f"unknown task {name!r}")
+        if not sandbox_url:
+            raise ValueError("task 'code' needs a sandbox service: set sandbox.url or let tide start one")
+        return CodeTask(sandbox_url=sandbox_url)
+    raise ValueError(f"unknown task {cfg.name!r}")

@@ -10,26 +10,31 @@ import torch
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.reslice import materialize_whole
 from rollout.tasks import AdditionTask
-from trainer.batch import TrainBatch, TrainerSpec, TrainSequence
+from trainer.batch import TrainBatch, TrainSequence
+from trainer.config import ParallelConfig, TrainerConfig, TrainerSpec
 
 pytestmark = pytest.mark.slow
 
 
+def _spec(model_dir, tp: int = 1, pp: int = 1, ep: int = 1, **trainer) -> TrainerSpec:
+    return TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(parallel=ParallelConfig(tp=tp, pp=pp, ep=ep), **trainer))
+
+
 @pytest.fixture(scope="module")
 def tiny_dense_dir(tmp_path_factory):
-    from trainer.tiny_model import TinySpec, build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     # two key/value heads, so that TP=2 gives each rank one query group
-    spec = TinySpec(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96, init_std=0.1)
+    spec = TinyModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96, init_std=0.1)
     return build_tiny_model(tmp_path_factory.mktemp("dense") / "model", AdditionTask(1).corpus(), spec)
 
 
 @pytest.fixture(scope="module")
 def tiny_moe_dir(tmp_path_factory):
-    from trainer.tiny_model import TinySpec, build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     # init_std 0.3 makes routing decisions sharp, so a wrong expert order shows in the logits
-    spec = TinySpec(architecture="mixtral", hidden_size=32, intermediate_size=48, num_experts=4, init_std=0.3)
+    spec = TinyModelConfig(architecture="mixtral", hidden_size=32, intermediate_size=48, num_experts=4, init_std=0.3)
     return build_tiny_model(tmp_path_factory.mktemp("moe") / "model", AdditionTask(1).corpus(), spec)
 
 
@@ -46,7 +51,7 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, tiny_dense_di
     tok = AutoTokenizer.from_pretrained(model_dir)
     examples = AdditionTask(1).sft_examples(0, 32)
     seqs = [TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples]
-    group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), tp=tp, pp=pp, ep=ep, micro_batch_size=8))
+    group = TrainerGroup(_spec(model_dir, tp=tp, pp=pp, ep=ep, micro_batch_size=8))
     try:
         losses = [group.train_step(TrainBatch(seqs), mode="sft", lr=1e-2)["loss"] for _ in range(3)]
         assert losses[-1] < losses[0]
@@ -70,7 +75,7 @@ def test_impossible_layout_is_refused_by_name(ray_cluster, tiny_model_dir):
     from orchestrator.trainer_group import TrainerGroup
 
     with pytest.raises(Exception, match=r"num_key_value_heads \(1\) is not divisible by trainer.parallel.tp \(2\)"):
-        TrainerGroup(TrainerSpec(hf_dir=str(tiny_model_dir), tp=2), timeout_s=300)
+        TrainerGroup(_spec(tiny_model_dir, tp=2), timeout_s=300)
 
 
 def _sft_batch(model_dir):
@@ -86,7 +91,7 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_di
 
     batch = _sft_batch(tiny_dense_dir)
     tokens = [s.prompt_ids + s.completion_ids for s in batch.sequences[:3]]
-    tp2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_dense_dir), tp=2, micro_batch_size=8))
+    tp2 = TrainerGroup(_spec(tiny_dense_dir, tp=2, micro_batch_size=8))
     try:
         for _ in range(2):
             tp2.train_step(batch, mode="sft", lr=1e-2)
@@ -95,7 +100,7 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_di
         next_loss = tp2.train_step(batch, mode="sft", lr=1e-2)["loss"]
     finally:
         tp2.shutdown()
-    pp2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_dense_dir), pp=2, micro_batch_size=8))
+    pp2 = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=8))
     try:
         pp2.load_checkpoint(str(tmp_path))
         after = pp2.logits(tokens)
@@ -110,13 +115,13 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_di
 def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, tiny_moe_dir, tmp_path):
     from orchestrator.trainer_group import TrainerGroup
 
-    ep2 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_moe_dir), ep=2))
+    ep2 = TrainerGroup(_spec(tiny_moe_dir, ep=2))
     try:
         ep2.train_step(_sft_batch(tiny_moe_dir), mode="sft")
         ep2.save_checkpoint(str(tmp_path))
     finally:
         ep2.shutdown()
-    ep1 = TrainerGroup(TrainerSpec(hf_dir=str(tiny_moe_dir), ep=1))
+    ep1 = TrainerGroup(_spec(tiny_moe_dir, ep=1))
     try:
         with pytest.raises(Exception, match="cannot reshard its optimizer state into tp=1 pp=1 ep=1"):
             ep1.load_checkpoint(str(tmp_path))

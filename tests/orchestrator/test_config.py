@@ -60,3 +60,52 @@ def test_cli_exits_2_before_starting_anything(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "trainer.lr" in proc.stderr and "greater than 0" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def _jax_base():
+    return {"name": "j", "iterations": 2, "engine": "jax", "jax": {"env": "CartPole-v1"}}
+
+
+@pytest.mark.parametrize("section", ["trainer", "rollout", "publish", "transfer", "model", "task", "sandbox", "ray"])
+def test_jax_engine_refuses_llm_sections_by_name(section):
+    with pytest.raises(ConfigError, match=rf"engine 'jax' does not use the section\(s\) {section}"):
+        parse_config({**_jax_base(), section: {}})
+
+
+def test_jax_section_needs_engine_jax():
+    with pytest.raises(ConfigError, match="`jax:` section is read only with `engine: jax`"):
+        parse_config({**_base(), "jax": {"env": "CartPole-v1"}})
+
+
+def test_cli_exits_2_on_jax_config_with_llm_section(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**_jax_base(), "rollout": {"n_samples": 4}}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "does not use the section(s) rollout" in proc.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_resolved_config_loads_back_unchanged(path):
+    """`tide resume` reads the run directory's config.yaml: the dump of every shipped config must parse back
+    to the same config (a JAX run's dump must not carry the LLM sections it would then refuse)."""
+    from orchestrator.config import dump_config
+
+    cfg = load_config(path)
+    assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_sections_reach_their_consumers_as_validated_objects():
+    """One config path: the rooms get the section objects themselves, not field-by-field copies."""
+    from ckpt_transfer.config import PublishConfig, WeightTransferConfig
+    from rollout.config import EngineConfig, RolloutConfig
+    from trainer.config import TrainerConfig
+    from trainer.tiny_model import TinyModelConfig
+
+    cfg = parse_config({**_base(), "rollout": {"kv_cache_gb": 0.5, "n_samples": 3}})
+    assert isinstance(cfg.rollout, RolloutConfig) and isinstance(cfg.rollout, EngineConfig)
+    assert isinstance(cfg.trainer, TrainerConfig) and isinstance(cfg.model.tiny, TinyModelConfig)
+    assert isinstance(cfg.publish, PublishConfig) and isinstance(cfg.transfer, WeightTransferConfig)
+    with pytest.raises(ConfigError, match=r"transfer.mooncake.bogus: unknown field"):
+        parse_config({**_base(), "transfer": {"mooncake": {"bogus": 1}}})

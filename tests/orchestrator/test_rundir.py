@@ -61,7 +61,7 @@ def test_logprob_gap_guard_names_the_limit():
 
     import pytest
 
-    from orchestrator.session import LogprobGapError, check_logprob_gap
+    from orchestrator.logprob_check import LogprobGapError, check_logprob_gap
 
     check_logprob_gap(3, 5e-5, 1e-4)
     with pytest.raises(LogprobGapError, match=r"iteration 3: .* differ by 0.002 .*max_logprob_gap = 0.0001"):

@@ -8,7 +8,7 @@ import torch
 from rollout_helpers import WEIGHTS, publish_like
 
 from ckpt_transfer.manifest import Manifest, ShardRecord, TensorRecord
-from rollout.checkpoint import CheckpointError, engine_checkpoint_dir, layout_difference, tensor_layout, verify_manifest
+from ckpt_transfer.verify import CheckpointError, engine_checkpoint_dir, layout_difference, tensor_layout, verify_manifest
 
 
 @pytest.fixture()

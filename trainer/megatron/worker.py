@@ -12,7 +12,8 @@ from typing import Iterator
 
 import torch
 
-from trainer.batch import TrainBatch, TrainerSpec, TrainSequence
+from trainer.batch import TrainBatch, TrainSequence
+from trainer.config import TrainerSpec
 from trainer.losses import LossSpec, advantages, policy_loss_sum
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,7 +21,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class MegatronWorker:
     def __init__(self, spec: TrainerSpec, rank: int, world_size: int, master_addr: str, master_port: int):
-        if spec.device == "cpu":
+        t = spec.trainer
+        if t.device == "cpu":
             from trainer.megatron.compat import enable_cpu_compat
 
             enable_cpu_compat()
@@ -33,18 +35,18 @@ class MegatronWorker:
         torch.manual_seed(spec.seed)
         if spec.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        if spec.device == "cuda":
+        if t.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(spec.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+        dist.init_process_group(t.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(minutes=10))
-        ps.initialize_model_parallel(spec.tp, spec.pp, expert_model_parallel_size=spec.ep)
+        ps.initialize_model_parallel(t.parallel.tp, t.parallel.pp, expert_model_parallel_size=t.parallel.ep)
         model_parallel_cuda_manual_seed(spec.seed)
         self.ps = ps
         self.hf_config = AutoConfig.from_pretrained(spec.hf_dir)
         self.dtype = _DTYPES[spec.dtype]
         self._build()
         self._load_hf(spec.hf_dir)
-        self.loss_spec = LossSpec(spec.loss, spec.kimi_tau, spec.clip_eps)
+        self.loss_spec = LossSpec(t.loss, t.kimi_tau, t.clip_eps)
 
     # ---- construction -----------------------------------------------------------------------
     def _build(self) -> None:
@@ -54,12 +56,12 @@ class MegatronWorker:
 
         from trainer.megatron.model import build_gpt, transformer_config
 
-        s, ps = self.spec, self.ps
-        self.config = transformer_config(self.hf_config, tp=s.tp, pp=s.pp, ep=s.ep, dtype=self.dtype,
-                                         deterministic=s.deterministic)
+        s, t, ps = self.spec, self.spec.trainer, self.ps
+        self.config = transformer_config(self.hf_config, tp=t.parallel.tp, pp=t.parallel.pp, ep=t.parallel.ep,
+                                         dtype=self.dtype, deterministic=s.deterministic)
         module = build_gpt(self.hf_config, self.config, pre_process=ps.is_pipeline_first_stage(),
                            post_process=ps.is_pipeline_last_stage())
-        if s.device == "cuda":
+        if t.device == "cuda":
             module = module.cuda()
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)
@@ -67,8 +69,8 @@ class MegatronWorker:
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.lr, weight_decay=s.weight_decay,
-                            clip_grad=s.grad_clip, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
+            OptimizerConfig(optimizer="adam", lr=t.lr, min_lr=t.lr, weight_decay=t.weight_decay,
+                            clip_grad=t.grad_clip, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
                             fp16=self.dtype == torch.float16, use_distributed_optimizer=False),
             [self.model],
         )
@@ -125,7 +127,7 @@ class MegatronWorker:
 
     def _micro_batches(self, seqs: list[TrainSequence], idx: list[int], adv: torch.Tensor | None, seq_len: int):
         mbs = []
-        step = self.spec.micro_batch_size
+        step = self.spec.trainer.micro_batch_size
         for start in range(0, len(idx), step):
             chosen = idx[start:start + step]
             b = len(chosen)
@@ -155,7 +157,7 @@ class MegatronWorker:
     def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        device = "cuda" if self.spec.device == "cuda" else "cpu"
+        device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
@@ -181,7 +183,7 @@ class MegatronWorker:
         cut into `updates` consecutive mini-batches, one optimizer step each; advantages are computed over
         the whole batch first, so a prompt's baseline always sees all of its samples."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.spec.lr if lr is None else lr
+            group["lr"] = self.spec.trainer.lr if lr is None else lr
         seqs = batch.sequences
         seq_len = self._seq_len(seqs)
         rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float32)
@@ -308,8 +310,8 @@ class MegatronWorker:
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _layout_record(self) -> dict:
-        s = self.spec
-        return {"tp": s.tp, "pp": s.pp, "ep": s.ep, "moe": bool(self.config.num_moe_experts)}
+        p = self.spec.trainer.parallel
+        return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "moe": bool(self.config.num_moe_experts)}
 
     def _sharded_state(self, is_loading: bool, with_rng: bool = True) -> dict:
         from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -317,7 +319,7 @@ class MegatronWorker:
         ps = self.ps
         model_sd = self.module.sharded_state_dict()
         rng = {"cpu": torch.get_rng_state()}
-        if self.spec.device == "cuda":
+        if self.spec.trainer.device == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
@@ -351,14 +353,15 @@ class MegatronWorker:
 
         from trainer.megatron.model import LayoutError
 
+        p = self.spec.trainer.parallel
         saved_file = Path(ckpt_dir) / "layout.json"
         saved = json.loads(saved_file.read_text()) if saved_file.exists() else self._layout_record()
         same_layout = saved == self._layout_record()
         if not same_layout and saved.get("moe"):
             raise LayoutError(
                 f"{ckpt_dir} holds a mixture-of-experts checkpoint saved with tp={saved['tp']} pp={saved['pp']} "
-                f"ep={saved['ep']}; megatron-core 0.19.2 cannot reshard its optimizer state into tp={self.spec.tp} "
-                f"pp={self.spec.pp} ep={self.spec.ep}: resume with the saved trainer.parallel layout")
+                f"ep={saved['ep']}; megatron-core 0.19.2 cannot reshard its optimizer state into tp={p.tp} "
+                f"pp={p.pp} ep={p.ep}: resume with the saved trainer.parallel layout")
         state = dist_checkpointing.load(self._sharded_state(is_loading=True, with_rng=same_layout),
                                         str(Path(ckpt_dir) / "megatron"))
         self.module.load_state_dict(state["model"])
@@ -367,7 +370,7 @@ class MegatronWorker:
             return
         rng = state["rng"]
         torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and self.spec.device == "cuda":
+        if "cuda" in rng and self.spec.trainer.device == "cuda":
             torch.cuda.set_rng_state(rng["cuda"])
         get_cuda_rng_tracker().set_states(rng["tracker"])
 
@@ -378,9 +381,6 @@ class MegatronWorker:
             h.update(name.encode())
             h.update(p.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
-
-    def ready(self) -> bool:
-        return True
 
     def shutdown(self) -> None:
         import torch.distributed as dist

@@ -1,0 +1,22 @@
+"""Turning text and samples into the trainer's batches (the one place prompts and completions are tokenised
+on the driver)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rollout.samples import Samples
+from trainer.batch import TrainBatch, TrainSequence
+
+
+def text_batch(tokenizer, pairs: Iterable[tuple[str, str]]) -> TrainBatch:
+    """(prompt, completion) text pairs; each completion ends with the tokenizer's end-of-sequence token, as a
+    generated completion that stopped on its own does."""
+    eos = tokenizer.eos_token_id
+    return TrainBatch([TrainSequence(tokenizer(p, add_special_tokens=False).input_ids,
+                                     tokenizer(c, add_special_tokens=False).input_ids + [eos]) for p, c in pairs])
+
+
+def samples_batch(samples: Samples) -> TrainBatch:
+    """Scored samples with their rollout log-probs; samples of one prompt form one group."""
+    return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, s.logprobs, s.reward, s.prompt_index)
+                       for s in samples])
