@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rollout.config import RolloutConfig
 from rollout.samples import Samples
-from trainer.batch import TrainBatch, TrainSequence
+from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
+
+
+def behaviour_distribution(rollout: RolloutConfig) -> TokenDistribution:
+    """The distribution the engines sample from, as the trainer recomputes it."""
+    return TokenDistribution(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k)
 
 
 def text_batch(tokenizer, pairs: Iterable[tuple[str, str]]) -> TrainBatch:
@@ -16,7 +22,8 @@ def text_batch(tokenizer, pairs: Iterable[tuple[str, str]]) -> TrainBatch:
                                      tokenizer(c, add_special_tokens=False).input_ids + [eos]) for p, c in pairs])
 
 
-def samples_batch(samples: Samples) -> TrainBatch:
-    """Scored samples with their rollout log-probs; samples of one prompt form one group."""
+def samples_batch(samples: Samples, sampling: TokenDistribution) -> TrainBatch:
+    """Samples drawn from `sampling`, with their rollout log-probs and rewards; samples of one prompt form
+    one group."""
     return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, s.logprobs, s.reward, s.prompt_index)
-                       for s in samples])
+                       for s in samples], sampling)

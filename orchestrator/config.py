@@ -75,6 +75,13 @@ class TideConfig(Strict):
                                  f"(they configure the LLM engine, `engine: megatron`)")
         elif self.jax is not None:
             raise ValueError("the `jax:` section is read only with `engine: jax`: remove it or set engine: jax")
+        else:
+            p, r = self.trainer.parallel, self.rollout
+            per_step = r.prompts_per_iteration * r.n_samples // self.trainer.updates_per_iteration
+            if per_step < p.dp * p.ep:
+                raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "
+                                 f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
+                                 f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
         return self
 
 

@@ -1,13 +1,15 @@
-"""The proof that the engines serve the trainer's weights: after every sync, the trainer and every engine
-score the same fixed (prompt, reference completion) pairs teacher-forced, and their mean absolute log-prob
-difference must stay within `rollout.max_logprob_gap`."""
+"""The proof that the engines serve the trainer's weights and sample the distribution the trainer trains:
+after every sync each engine samples one completion for each of a fixed set of probe prompts, with the run's
+temperature / top-p / top-k and a fixed seed, and the trainer recomputes the log-probs of those tokens under
+the same distribution. Their mean absolute difference (worst engine) must stay within
+`rollout.max_logprob_gap`."""
 from __future__ import annotations
 
-from orchestrator.batches import text_batch
+from orchestrator.batches import samples_batch
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.trainer_group import TrainerGroup
-from rollout.tasks import Task
-from trainer.batch import TrainBatch
+from rollout.tasks import Problem, Task
+from trainer.batch import TokenDistribution
 
 PROBE_STREAM = 10**9  # offset of the probe problems' seed from the run's (never drawn by training)
 
@@ -16,19 +18,18 @@ class LogprobGapError(RuntimeError):
     pass
 
 
-def probe_batch(task: Task, tokenizer, seed: int, n: int) -> TrainBatch:
-    """Fixed (prompt, reference completion) pairs, the same every iteration."""
-    return text_batch(tokenizer, task.sft_examples(seed + PROBE_STREAM, n))
+def probe_problems(task: Task, seed: int, n: int) -> list[Problem]:
+    """Fixed prompts, the same every iteration."""
+    return [Problem("probe", prompt, answer) for prompt, answer in task.sft_examples(seed + PROBE_STREAM, n)]
 
 
-def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, batch: TrainBatch) -> float:
-    """Mean |engine - trainer| teacher-forced log-prob over the batch, for the worst engine."""
-    ours = trainer.logprobs(batch)
-    per_engine = rollout.score_sequences([s.prompt_ids for s in batch.sequences],
-                                         [s.completion_ids for s in batch.sequences])
+def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Problem], max_new_tokens: int,
+                sampling: TokenDistribution, seed: int) -> float:
+    """Mean |engine - trainer| log-prob of the tokens each engine samples for `problems`, worst engine."""
     gaps = []
-    for theirs in per_engine:
-        diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
+    for samples in rollout.generate_on_each(problems, max_new_tokens, sampling, seed + PROBE_STREAM):
+        ours = trainer.logprobs(samples_batch(samples, sampling))
+        diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b in zip(x, s.logprobs)]
         gaps.append(sum(diffs) / len(diffs))
     return max(gaps)
 
@@ -37,5 +38,6 @@ def check_logprob_gap(iteration: int, gap: float, limit: float) -> None:
     if not gap <= limit:  # also catches NaN
         raise LogprobGapError(
             f"iteration {iteration}: vLLM and trainer log-probs differ by {gap:.3g} on the probe batch "
-            f"(rollout.max_logprob_gap = {limit:g}); the weights the engines serve are not the trainer's"
+            f"(rollout.max_logprob_gap = {limit:g}); the engines do not serve the trainer's weights, or do not "
+            f"sample the distribution the trainer computes"
         )

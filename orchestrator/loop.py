@@ -8,6 +8,7 @@ from orchestrator.checkpointing import save_checkpoint
 from orchestrator.logprob_check import check_logprob_gap, logprob_gap
 from orchestrator.rewards import score_samples
 from orchestrator.session import Session, console
+from trainer.lr_schedule import lr_at
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
@@ -15,7 +16,7 @@ def sampling_seed(seed: int, iteration: int) -> int:
 
 
 def run_iterations(s: Session) -> None:
-    cfg, run, r = s.cfg, s.run, s.cfg.rollout
+    cfg, run, r, t = s.cfg, s.run, s.cfg.rollout, s.cfg.trainer
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         bar = progress.add_task(cfg.name, total=cfg.iterations, completed=s.start_iteration)
@@ -23,26 +24,26 @@ def run_iterations(s: Session) -> None:
             problems = s.task.problems(cfg.seed, it, r.prompts_per_iteration)
             with run.phase(it, "rollout"):
                 progress.update(bar, description=f"{cfg.name} · rollout")
-                samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, r.temperature,
+                samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling,
                                              sampling_seed(cfg.seed, it))
             with run.phase(it, "reward"):
-                reward = score_samples(s.task, problems, samples, cfg.trainer.length_penalty)
+                reward = score_samples(s.task, problems, samples, t.length_penalty)
             with run.phase(it, "train"):
                 progress.update(bar, description=f"{cfg.name} · train")
-                train = s.trainer.train_step(samples_batch(samples), lr=cfg.trainer.lr,
-                                             updates=cfg.trainer.updates_per_iteration)
+                lr = lr_at(t.lr, t.lr_schedule, it, cfg.iterations)
+                train = s.trainer.train_step(samples_batch(samples, s.sampling), lr=lr, updates=t.updates_per_iteration)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
                 delivery = s.sync(manifest)
-                gap = logprob_gap(s.trainer, s.rollout, s.probe)
+                gap = logprob_gap(s.trainer, s.rollout, s.probe, r.max_new_tokens, s.sampling, cfg.seed)
                 rec["bytes"] = manifest.nbytes
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
-                             "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"],
+                             "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
                              "samples": len(samples), **moved})
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  acc {reward['accuracy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {gap:.2e}")

@@ -7,6 +7,7 @@ from ckpt_transfer.manifest import Manifest
 from rollout.config import EngineConfig
 from rollout.samples import Samples
 from rollout.tasks import Problem
+from trainer.batch import TokenDistribution
 
 
 class RolloutGroup:
@@ -23,11 +24,13 @@ class RolloutGroup:
             self.shutdown()
             raise
 
-    def generate(self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float,
+    def generate(self, problems: list[Problem], n_samples: int, max_new_tokens: int, sampling: TokenDistribution,
                  seed: int) -> Samples:
+        """The problems split across engines, `n_samples` completions each, drawn from `sampling`."""
         k = len(self.engines)
         bounds = [len(problems) * i // k for i in range(k + 1)]
-        refs = [e.generate.remote(problems[lo:hi], n_samples, max_new_tokens, temperature, seed + lo)
+        refs = [e.generate.remote(problems[lo:hi], n_samples, max_new_tokens, sampling.temperature, seed + lo,
+                                  sampling.top_p, sampling.top_k)
                 for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
         out = Samples()
         for lo, part in zip(bounds, ray.get(refs, timeout=self.timeout)):
@@ -35,6 +38,12 @@ class RolloutGroup:
                 s.prompt_index += lo
                 out.items.append(s)
         return out
+
+    def generate_on_each(self, problems: list[Problem], max_new_tokens: int, sampling: TokenDistribution,
+                         seed: int) -> list[Samples]:
+        """One completion per problem from every engine (each must sample the trainer's distribution)."""
+        return ray.get([e.generate.remote(problems, 1, max_new_tokens, sampling.temperature, seed, sampling.top_p,
+                                          sampling.top_k) for e in self.engines], timeout=self.timeout)
 
     def score_sequences(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[list[float]]]:
         """Teacher-forced log-probs from every engine (each must agree with the trainer)."""

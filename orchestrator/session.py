@@ -16,14 +16,15 @@ from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
 from orchestrator.checkpointing import restore_checkpoint
 from orchestrator.cluster import connect
 from orchestrator.config import TideConfig, dump_config
-from orchestrator.logprob_check import probe_batch
+from orchestrator.batches import behaviour_distribution
+from orchestrator.logprob_check import probe_problems
 from orchestrator.model_source import resolve_model_dir
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import RunDir
 from orchestrator.trainer_group import TrainerGroup
 from orchestrator.warmup import warm_start
-from rollout.tasks import Task, make_task
-from trainer.batch import TrainBatch
+from rollout.tasks import Problem, Task, make_task
+from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
 
 console = Console(stderr=True)
@@ -37,7 +38,8 @@ class Session:
     tokenizer: object
     trainer: TrainerGroup
     weights: WeightSync
-    probe: TrainBatch  # the fixed batch of the log-prob check
+    sampling: TokenDistribution  # what the engines sample from and the trainer recomputes
+    probe: list[Problem]  # the fixed prompts of the log-prob check
     rollout: RolloutGroup | None = None
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
@@ -68,8 +70,8 @@ class Session:
             weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace)
             stack.callback(weights.close)
-            probe = probe_batch(task, tokenizer, cfg.seed, cfg.rollout.probe_prompts)
-            session = cls(cfg, run, task, tokenizer, trainer, weights, probe)
+            probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
+            session = cls(cfg, run, task, tokenizer, trainer, weights, behaviour_distribution(cfg.rollout), probe)
             session._start_engines(model_dir, resume)
             stack.callback(session.rollout.shutdown)
             run.set_status(engine_pids=session.rollout.engine_pids())

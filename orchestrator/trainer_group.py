@@ -85,6 +85,9 @@ class TrainerGroup:
         finalize_manifest(manifest)
         return manifest
 
+    def reset_optimizer(self) -> None:
+        self._all("reset_optimizer")
+
     def save_checkpoint(self, path: str) -> None:
         self._all("save_checkpoint", path)
 

@@ -12,6 +12,9 @@ def warm_start(trainer: TrainerGroup, task: Task, tokenizer, cfg: TrainerConfig,
     """Returns the loss of every step."""
     n = cfg.warmup_sft_batch
     examples = task.sft_examples(seed, cfg.warmup_sft_steps * n)
-    return [trainer.train_step(text_batch(tokenizer, examples[k * n:(k + 1) * n]), mode="sft",
-                               lr=cfg.warmup_sft_lr)["loss"]
-            for k in range(cfg.warmup_sft_steps)]
+    losses = [trainer.train_step(text_batch(tokenizer, examples[k * n:(k + 1) * n]), mode="sft",
+                                 lr=cfg.warmup_sft_lr)["loss"]
+              for k in range(cfg.warmup_sft_steps)]
+    if cfg.warmup_sft_reset_optimizer:
+        trainer.reset_optimizer()
+    return losses

@@ -35,7 +35,12 @@ class RolloutConfig(EngineConfig):
     prompts_per_iteration: int = Field(32, gt=0)
     n_samples: int = Field(8, gt=0)
     max_new_tokens: int = Field(8, gt=0)
+    # The behaviour policy: softmax(logits / temperature) over the top_k most likely tokens (0: all), then
+    # over the top_p nucleus (1.0: all), renormalised. The engines return the log-probs of exactly that
+    # distribution and the trainer recomputes the same (trainer/sampling.py).
     temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
     sync_mode: Literal["restart", "reload"] = "reload"
     max_logprob_gap: float = Field(1e-4, gt=0)
     probe_prompts: int = Field(8, gt=0)

@@ -104,17 +104,20 @@ class RolloutEngine:
     # ------------------------------------------------------------------ public API
 
     def generate(
-        self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int
+        self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int,
+        top_p: float = 1.0, top_k: int = 0,
     ) -> Samples:
-        """`n_samples` completions per problem with the raw log-prob (log-softmax of the unprocessed
-        logits, what a trainer computes) of every sampled token. Sample.prompt_index = problem index."""
+        """`n_samples` completions per problem, sampled from softmax(logits / temperature) truncated to the
+        top_k tokens (0: all) and the top_p nucleus (1.0: all), with every sampled token's log-prob under that
+        same distribution (vLLM's processed log-probs; with temperature 1 and no truncation, the raw ones).
+        Sample.prompt_index = problem index."""
         if n_samples < 1 or max_new_tokens < 1:
             raise ValueError("n_samples and max_new_tokens must be >= 1")
         from vllm import SamplingParams
 
         params = [
             SamplingParams(
-                n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=0,
+                n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                 seed=sample_seed(seed, i, j), logprobs=0, detokenize=False,
             )
             for i in range(len(problems)) for j in range(n_samples)
@@ -254,7 +257,9 @@ class RolloutEngine:
         kw: dict[str, Any] = dict(
             tensor_parallel_size=cfg.tp, dtype=self.dtype, seed=self.seed, enforce_eager=cfg.enforce_eager,
             kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not self.deterministic,
-            logprobs_mode="raw_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
+            # log-probs of the distribution sampled from (after temperature and top-k/top-p): what the trainer
+            # recomputes; score_sequences' prompt log-probs stay raw whatever this says
+            logprobs_mode="processed_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
             # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
             # discarded and its generator rewound with set_offset, which CPU generators do not support
             # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.

@@ -64,7 +64,7 @@ class PlainStep:
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
 
     def step(self, batch) -> None:
-        from trainer.losses import LossSpec, advantages, policy_loss_sum
+        from trainer.losses import LossSpec, advantages, policy_loss
 
         torch = self.torch
         seqs = batch.sequences
@@ -78,12 +78,12 @@ class PlainStep:
             p, c = len(s.prompt_ids), len(s.completion_ids)
             mask[r, p - 1:p - 1 + c] = 1
             old[r, p - 1:p - 1 + c] = torch.tensor(s.old_logprobs)
-        spec = LossSpec("grpo")
+        spec = LossSpec("grpo", adv_std_norm=True)
         adv = advantages(spec, torch.tensor([s.reward for s in seqs]), torch.tensor([s.group for s in seqs]))
         self.opt.zero_grad()
         logits = self.model(ids).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-        loss = policy_loss_sum(spec, logp, old, mask, adv) / mask.sum()
+        loss = policy_loss(spec, logp, old, mask, adv, len(seqs), int(mask.sum()))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

@@ -3,7 +3,7 @@ takes, the tiny-model builder, and the JAX engine (`trainer.jax`). Importing thi
 Megatron nor JAX."""
 from .batch import TrainBatch, TrainSequence
 from .config import ParallelConfig, TrainerConfig, TrainerSpec
-from .losses import LossSpec, advantages, length_reward, policy_loss_sum
+from .losses import LossSpec, advantages, length_reward, policy_loss
 
 __all__ = ["TrainBatch", "TrainSequence", "TrainerConfig", "TrainerSpec", "ParallelConfig", "LossSpec",
-           "advantages", "length_reward", "policy_loss_sum"]
+           "advantages", "length_reward", "policy_loss"]

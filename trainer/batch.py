@@ -13,6 +13,27 @@ class TrainSequence:
     group: int = 0  # samples of the same prompt share a group (the baseline is per group)
 
 
+@dataclass(frozen=True)
+class TokenDistribution:
+    """How the completions' tokens were drawn from the policy's logits z: softmax(z / temperature) restricted
+    to the top_k most likely tokens (0: all) and then to the top_p nucleus (1.0: all), renormalised. The
+    trainer's log-probs are those of this distribution, so that they compare with the rollout's."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+    @property
+    def is_raw(self) -> bool:
+        """The model's own distribution: log-softmax of the unprocessed logits."""
+        return self.temperature == 1.0 and not self.truncates
+
+
 @dataclass
 class TrainBatch:
     sequences: list[TrainSequence]
+    distribution: TokenDistribution = TokenDistribution()  # what old_logprobs (and the trainer's) refer to

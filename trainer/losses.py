@@ -2,8 +2,26 @@
 tests/trainer/test_losses.py.
 
 Shapes: logp, old_logp, mask are [B, T] (T = completion positions, mask 1 on real completion tokens);
-advantages and rewards are [B]. Losses return a token *sum*; the caller divides by the number of completion
-tokens in the whole global batch, so micro-batching and data parallelism do not change the result.
+advantages and rewards are [B]. `policy_loss` returns one micro-batch's part of the mini-batch objective:
+it is given the mini-batch's sequence and token counts (over every micro-batch and data-parallel rank), so
+the parts add up to the objective whatever the micro-batching and data parallelism.
+
+Losses (`trainer.loss`):
+- `kimi`: Kimi k1.5 (Kimi Team 2025, arXiv:2501.12599, section 2.3.2), the online mirror-descent surrogate per
+  sampled completion y: -(r - mean r) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2, with
+  log pi(y|x) the sum of the completion's token log-probs; averaged over completions.
+- `kimi_token`: a variant (not the paper's): the same policy gradient, but the squared log-ratio taken per
+  token and everything averaged over tokens. tide's `kimi` before the paper's form was adopted.
+- `grpo`: the clipped surrogate of PPO (Schulman et al. 2017) with group-relative advantages and no critic
+  (GRPO, Shao et al. 2024, arXiv:2402.03300), with
+  - `loss_agg`: `seq_mean_token_mean` (GRPO's paper: mean over each completion's tokens, then over
+    completions), `token_mean` (DAPO, Yu et al. 2025, arXiv:2503.14476: every token of the mini-batch
+    weighs the same), `seq_mean_token_sum` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783: token sums averaged
+    over completions; Dr. GRPO divides by a constant generation budget instead, which only rescales);
+  - `adv_std_norm`: divide by the group's reward std (GRPO) or not (Dr. GRPO);
+  - clip-higher (DAPO): ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high].
+  With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
+  `ppo_clip` (not PPO: there is no critic).
 """
 from __future__ import annotations
 
@@ -12,14 +30,18 @@ from typing import Literal
 
 import torch
 
-LossKind = Literal["kimi", "grpo", "ppo_clip"]
+LossKind = Literal["kimi", "kimi_token", "grpo"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 
 
 @dataclass(frozen=True)
 class LossSpec:
     kind: LossKind = "kimi"
     kimi_tau: float = 0.1
-    clip_eps: float = 0.2
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    agg: LossAgg = "token_mean"  # grpo only
+    adv_std_norm: bool = False
 
 
 def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool) -> torch.Tensor:
@@ -36,30 +58,55 @@ def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, norma
 
 
 def advantages(spec: LossSpec, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    return group_baseline_advantages(rewards, groups, normalize_std=spec.kind == "grpo")
+    return group_baseline_advantages(rewards, groups, normalize_std=spec.adv_std_norm)
+
+
+def kimi_sequence_loss(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+                       tau: float) -> torch.Tensor:
+    """Kimi k1.5 per completion [B]: -(r - r_mean) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2."""
+    seq_logp = (logp * mask).sum(-1)
+    log_ratio = ((logp - old_logp) * mask).sum(-1)
+    return -adv * seq_logp + 0.5 * tau * log_ratio**2
 
 
 def kimi_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, tau: float) -> torch.Tensor:
-    """Kimi k1.5 online mirror descent, per token: the policy gradient with the mean-reward baseline,
-    -(r - r_mean) * log pi, plus tau/2 * (log pi - log pi_rollout)^2, which keeps the policy near the
-    rollout policy (the squared log-ratio regulariser of the paper)."""
+    """The `kimi_token` variant per token [B, T]:
+    -(r - r_mean) log pi(y_t) + tau/2 (log pi(y_t) - log pi_old(y_t))^2."""
     return -adv[:, None] * logp + 0.5 * tau * (logp - old_logp) ** 2
 
 
-def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
-    """PPO's clipped surrogate against the rollout policy (GRPO and ppo_clip differ only in advantages)."""
+def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float,
+                       eps_high: float | None = None) -> torch.Tensor:
+    """PPO's clipped surrogate per token [B, T], ratio clipped to [1 - eps_low, 1 + eps_high]."""
+    eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(logp - old_logp)
     a = adv[:, None]
-    return -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+    return -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
 
 
-def policy_loss_sum(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
-                    adv: torch.Tensor) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: LossAgg, n_seqs: int, n_tokens: int) -> torch.Tensor:
+    """This micro-batch's part of the mini-batch mean of per-token losses under `agg`."""
+    masked = per_token * mask
+    if agg == "token_mean":
+        return masked.sum() / max(n_tokens, 1)
+    if agg == "seq_mean_token_mean":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / max(n_seqs, 1)
+    if agg == "seq_mean_token_sum":
+        return masked.sum() / max(n_seqs, 1)
+    raise ValueError(f"unknown loss aggregation {agg!r}")
+
+
+def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+                n_seqs: int, n_tokens: int) -> torch.Tensor:
+    """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts)."""
     if spec.kind == "kimi":
-        per_token = kimi_token_loss(logp, old_logp, adv, spec.kimi_tau)
-    else:
-        per_token = clipped_token_loss(logp, old_logp, adv, spec.clip_eps)
-    return (per_token * mask).sum()
+        return kimi_sequence_loss(logp, old_logp, mask, adv, spec.kimi_tau).sum() / max(n_seqs, 1)
+    if spec.kind == "kimi_token":
+        return aggregate(kimi_token_loss(logp, old_logp, adv, spec.kimi_tau), mask, "token_mean", n_seqs, n_tokens)
+    if spec.kind == "grpo":
+        per_token = clipped_token_loss(logp, old_logp, adv, spec.clip_eps_low, spec.clip_eps_high)
+        return aggregate(per_token, mask, spec.agg, n_seqs, n_tokens)
+    raise ValueError(f"unknown loss {spec.kind!r}")
 
 
 def length_reward(lengths: torch.Tensor, correct: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

@@ -10,14 +10,15 @@ import torch
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.reslice import materialize_whole
 from rollout.tasks import AdditionTask
-from trainer.batch import TrainBatch, TrainSequence
+from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import ParallelConfig, TrainerConfig, TrainerSpec
 
 pytestmark = pytest.mark.slow
 
 
-def _spec(model_dir, tp: int = 1, pp: int = 1, ep: int = 1, **trainer) -> TrainerSpec:
-    return TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(parallel=ParallelConfig(tp=tp, pp=pp, ep=ep), **trainer))
+def _spec(model_dir, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1, **trainer) -> TrainerSpec:
+    parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep)
+    return TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(parallel=parallel, **trainer))
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,34 @@ def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, tiny_moe_dir,
             ep1.load_checkpoint(str(tmp_path))
     finally:
         ep1.shutdown()
+
+
+def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, tiny_dense_dir, tmp_path):
+    """dp2 x tp2 takes the same RL steps as dp1 x tp2 on the same global batch (Kimi loss, log-probs of a
+    tempered, nucleus-truncated distribution, so the TP-gathered path runs), and its checkpoint loads into dp1."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    base = _sft_batch(tiny_dense_dir)
+    seqs = [TrainSequence(s.prompt_ids, s.completion_ids, [-1.0] * len(s.completion_ids), reward=float(i % 3 == 0),
+                          group=i // 4) for i, s in enumerate(base.sequences)]
+    batch = TrainBatch(seqs, TokenDistribution(temperature=0.7, top_p=0.9))
+    tokens = [s.prompt_ids + s.completion_ids for s in seqs[:3]]
+    out = {}
+    for dp in (2, 1):
+        group = TrainerGroup(_spec(tiny_dense_dir, dp=dp, tp=2, micro_batch_size=2, loss="kimi"))
+        try:
+            assert len(group.ranks) == dp * 2
+            losses = [group.train_step(batch, lr=1e-2, updates=2)["loss"] for _ in range(2)]
+            out[dp] = (losses, group.logits(tokens), group.logprobs(batch))
+            if dp == 2:
+                group.save_checkpoint(str(tmp_path))
+            else:
+                group.load_checkpoint(str(tmp_path))
+                resharded = group.logits(tokens)
+        finally:
+            group.shutdown()
+    assert out[2][0] == pytest.approx(out[1][0], abs=1e-5)
+    for a, b, c in zip(out[2][1], out[1][1], resharded):
+        assert (a - b).abs().max().item() <= 1e-5
+        assert (a - c).abs().max().item() <= 1e-5
+    assert max(abs(x - y) for p, q in zip(out[2][2], out[1][2]) for x, y in zip(p, q)) <= 1e-5

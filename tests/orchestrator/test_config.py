@@ -109,3 +109,32 @@ def test_sections_reach_their_consumers_as_validated_objects():
     assert isinstance(cfg.publish, PublishConfig) and isinstance(cfg.transfer, WeightTransferConfig)
     with pytest.raises(ConfigError, match=r"transfer.mooncake.bogus: unknown field"):
         parse_config({**_base(), "transfer": {"mooncake": {"bogus": 1}}})
+
+
+def test_loss_options_resolve_to_the_loss_spec():
+    t = parse_config({**_base(), "trainer": {"loss": "grpo", "clip_eps_low": 0.2, "clip_eps_high": 0.28,
+                                             "loss_agg": "seq_mean_token_mean"}}).trainer
+    spec = t.loss_spec()
+    assert (spec.kind, spec.clip_eps_low, spec.clip_eps_high, spec.agg, spec.adv_std_norm) == (
+        "grpo", 0.2, 0.28, "seq_mean_token_mean", True)
+    spec = parse_config({**_base(), "trainer": {"loss": "grpo", "clip_eps": 0.3}}).trainer.loss_spec()
+    assert (spec.clip_eps_low, spec.clip_eps_high) == (0.3, 0.3)
+    assert parse_config({**_base(), "trainer": {"loss": "kimi"}}).trainer.loss_spec().adv_std_norm is False
+
+
+@pytest.mark.parametrize("trainer, message", [
+    ({"loss": "ppo_clip"}, "not PPO .*use loss: grpo with adv_std_norm: false"),
+    ({"loss": "kimi", "loss_agg": "seq_mean_token_sum"}, "trainer.loss_agg applies to loss 'grpo' only"),
+    ({"loss": "grpo", "clip_eps": 0.2, "clip_eps_high": 0.3}, "not both"),
+    ({"lr_schedule": {"decay": "step"}}, "trainer.lr_schedule.decay"),
+])
+def test_bad_loss_options_are_refused_by_name(trainer, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**_base(), "trainer": trainer})
+
+
+def test_sampling_fields_are_validated():
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        parse_config({**_base(), "rollout": {"top_p": 1.5}})
+    with pytest.raises(ConfigError, match="rollout.top_k"):
+        parse_config({**_base(), "rollout": {"top_k": -1}})

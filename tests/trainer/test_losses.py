@@ -1,11 +1,12 @@
-"""Each RL loss against values computed by hand."""
+"""Each RL loss, estimator and schedule against values computed by hand."""
 import math
 
 import pytest
 import torch
 
-from trainer.losses import (LossSpec, advantages, clipped_token_loss, kimi_token_loss, length_reward,
-                            policy_loss_sum)
+from trainer.losses import (LossSpec, advantages, aggregate, clipped_token_loss, kimi_sequence_loss, kimi_token_loss,
+                            length_reward, policy_loss)
+from trainer.lr_schedule import LRSchedule, lr_at
 
 
 def test_group_baseline_is_per_prompt_mean():
@@ -17,43 +18,95 @@ def test_group_baseline_is_per_prompt_mean():
 
 def test_grpo_divides_by_group_std():
     rewards = torch.tensor([1.0, 0.0])
-    adv = advantages(LossSpec("grpo"), rewards, torch.tensor([0, 0]))
+    adv = advantages(LossSpec("grpo", adv_std_norm=True), rewards, torch.tensor([0, 0]))
     # mean 0.5, population std 0.5
     assert torch.allclose(adv, torch.tensor([1.0, -1.0]), atol=1e-5)
+    assert torch.allclose(advantages(LossSpec("grpo", adv_std_norm=False), rewards, torch.tensor([0, 0])),
+                          torch.tensor([0.5, -0.5]))
 
 
-def test_kimi_token_loss_by_hand():
+def test_kimi_sequence_loss_by_hand():
+    """Kimi k1.5: -(r - r_mean) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2, per completion."""
+    logp = torch.tensor([[-1.0, -2.0, -9.0]])
+    old = torch.tensor([[-1.5, -2.25, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third position is padding
+    got = kimi_sequence_loss(logp, old, mask, torch.tensor([0.5]), tau=0.2)
+    # log pi(y|x) = -3, log-ratio = 0.5 + 0.25 = 0.75: -(0.5)(-3) + 0.1 * 0.5625 = 1.55625
+    assert got.tolist() == pytest.approx([1.55625])
+
+
+def test_kimi_squares_the_sequence_log_ratio_not_each_token():
+    """Two tokens whose log-ratios cancel: the paper's regulariser is 0, the per-token variant's is not."""
+    logp = torch.tensor([[-1.0, -1.0]])
+    old = torch.tensor([[-1.5, -0.5]])
+    mask = torch.ones(1, 2)
+    zero_adv = torch.tensor([0.0])
+    assert kimi_sequence_loss(logp, old, mask, zero_adv, tau=1.0).item() == pytest.approx(0.0)
+    assert (kimi_token_loss(logp, old, zero_adv, tau=1.0) * mask).sum().item() == pytest.approx(0.25)
+
+
+def test_kimi_gradient_by_hand():
+    logp = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+    kimi_sequence_loss(logp, torch.tensor([[-1.5, -0.5]]), torch.ones(1, 2), torch.tensor([2.0]), tau=0.4).backward()
+    # d/dlogp_t [-2 (l1 + l2) + 0.2 (l1 + l2 - (-2))^2] = -2 + 0.4 * 0.5 = -1.8 for both tokens
+    assert logp.grad.tolist() == [pytest.approx([-1.8, -1.8])]
+
+
+def test_kimi_token_variant_by_hand():
     logp = torch.tensor([[-1.0, -2.0]])
     old = torch.tensor([[-1.5, -2.0]])
-    adv = torch.tensor([0.5])
-    got = kimi_token_loss(logp, old, adv, tau=0.2)
+    got = kimi_token_loss(logp, old, torch.tensor([0.5]), tau=0.2)
     # -(0.5)(-1) + 0.1 * 0.25 = 0.525 ; -(0.5)(-2) + 0 = 1.0
     assert torch.allclose(got, torch.tensor([[0.525, 1.0]]))
-
-
-def test_kimi_gradient_is_policy_gradient_plus_pull_to_rollout_policy():
-    logp = torch.tensor([[-1.0]], requires_grad=True)
-    kimi_token_loss(logp, torch.tensor([[-1.5]]), torch.tensor([2.0]), tau=0.4).sum().backward()
-    # d/dlogp [-2 logp + 0.2 (logp + 1.5)^2] = -2 + 0.4 * 0.5 = -1.8
-    assert logp.grad.item() == pytest.approx(-1.8)
 
 
 def test_clipped_loss_by_hand():
     old = torch.tensor([[0.0, 0.0]])
     logp = torch.tensor([[math.log(1.5), math.log(0.5)]])
-    pos = clipped_token_loss(logp, old, torch.tensor([1.0]), eps=0.2)
-    neg = clipped_token_loss(logp, old, torch.tensor([-1.0]), eps=0.2)
+    pos = clipped_token_loss(logp, old, torch.tensor([1.0]), eps_low=0.2)
+    neg = clipped_token_loss(logp, old, torch.tensor([-1.0]), eps_low=0.2)
     # A>0: min(1.5, 1.2) = 1.2 ; min(0.5, 0.8) = 0.5
     assert torch.allclose(pos, torch.tensor([[-1.2, -0.5]]))
     # A<0: min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8
     assert torch.allclose(neg, torch.tensor([[1.5, 0.8]]))
 
 
-def test_policy_loss_sum_respects_mask():
-    logp = torch.tensor([[-1.0, -5.0]])
-    mask = torch.tensor([[1.0, 0.0]])
-    got = policy_loss_sum(LossSpec("kimi", kimi_tau=0.0), logp, logp, mask, torch.tensor([1.0]))
-    assert got.item() == pytest.approx(1.0)
+def test_clip_higher_by_hand():
+    """DAPO's clip-higher: the ratio may rise to 1 + eps_high (0.28) for a positive advantage."""
+    old = torch.tensor([[0.0, 0.0]])
+    logp = torch.tensor([[math.log(1.5), math.log(0.5)]])
+    pos = clipped_token_loss(logp, old, torch.tensor([1.0]), eps_low=0.2, eps_high=0.28)
+    neg = clipped_token_loss(logp, old, torch.tensor([-1.0]), eps_low=0.2, eps_high=0.28)
+    assert torch.allclose(pos, torch.tensor([[-1.28, -0.5]]))
+    assert torch.allclose(neg, torch.tensor([[1.5, 0.8]]))  # A<0 clips at 1 - eps_low, unchanged
+
+
+def test_aggregations_by_hand():
+    """Two completions of 1 and 3 tokens with per-token losses [3] and [1, 1, 1]."""
+    per_token = torch.tensor([[3.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    # token_mean (DAPO): (3 + 1 + 1 + 1) / 4 tokens
+    assert aggregate(per_token, mask, "token_mean", 2, 4).item() == pytest.approx(6 / 4)
+    # seq_mean_token_mean (GRPO): (3/1 + 3/3) / 2
+    assert aggregate(per_token, mask, "seq_mean_token_mean", 2, 4).item() == pytest.approx(2.0)
+    # seq_mean_token_sum (Dr. GRPO): (3 + 3) / 2
+    assert aggregate(per_token, mask, "seq_mean_token_sum", 2, 4).item() == pytest.approx(3.0)
+
+
+def test_micro_batch_parts_add_up_to_the_mini_batch_objective():
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(6, 5, generator=g)
+    old = logp + 0.1 * torch.randn(6, 5, generator=g)
+    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
+    mask[:, 0] = 1
+    adv = torch.randn(6, generator=g)
+    n_tokens = int(mask.sum())
+    for spec in [LossSpec("kimi"), LossSpec("kimi_token"), LossSpec("grpo", agg="seq_mean_token_mean"),
+                 LossSpec("grpo", agg="token_mean"), LossSpec("grpo", agg="seq_mean_token_sum")]:
+        whole = policy_loss(spec, logp, old, mask, adv, 6, n_tokens)
+        parts = sum(policy_loss(spec, logp[i:i + 2], old[i:i + 2], mask[i:i + 2], adv[i:i + 2], 6, n_tokens)
+                    for i in (0, 2, 4))
+        assert parts.item() == pytest.approx(whole.item(), rel=1e-6), spec
 
 
 def test_length_reward_by_hand():
@@ -63,3 +116,13 @@ def test_length_reward_by_hand():
     got = length_reward(lengths, correct, groups)
     # group 0: lam = 0.5 - (len-2)/4 -> 0.5, 0.0, -0.5 ; wrong gets min(0, lam); group 1 single length -> 0
     assert torch.allclose(got, torch.tensor([0.5, 0.0, -0.5, 0.0]))
+
+
+def test_lr_schedule_by_hand():
+    lin = LRSchedule(warmup_iterations=2, decay="linear", min_lr=0.1)
+    assert [lr_at(1.0, lin, it, 6) for it in range(1, 7)] == pytest.approx([0.5, 1.0, 0.775, 0.55, 0.325, 0.1])
+    cos = LRSchedule(decay="cosine", min_lr=0.0)
+    # progress it/4: 0.5 (1 + cos(pi/4)), 0.5 (1 + cos(pi/2)), ..., 0 at the end
+    assert [lr_at(2.0, cos, it, 4) for it in range(1, 5)] == pytest.approx(
+        [1 + math.cos(math.pi / 4), 1.0, 1 + math.cos(3 * math.pi / 4), 0.0])
+    assert [lr_at(0.3, LRSchedule(), it, 5) for it in (1, 5)] == [0.3, 0.3]

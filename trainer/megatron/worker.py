@@ -12,9 +12,10 @@ from typing import Iterator
 
 import torch
 
-from trainer.batch import TrainBatch, TrainSequence
+from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import LossSpec, advantages, policy_loss_sum
+from trainer.losses import advantages, policy_loss
+from trainer.sampling import token_logprobs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,14 +47,12 @@ class MegatronWorker:
         self.dtype = _DTYPES[spec.dtype]
         self._build()
         self._load_hf(spec.hf_dir)
-        self.loss_spec = LossSpec(t.loss, t.kimi_tau, t.clip_eps)
+        self.loss_spec = t.loss_spec()
 
     # ---- construction -----------------------------------------------------------------------
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
         from trainer.megatron.model import build_gpt, transformer_config
 
         s, t, ps = self.spec, self.spec.trainer, self.ps
@@ -68,6 +67,13 @@ class MegatronWorker:
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
+        self.reset_optimizer()
+
+    def reset_optimizer(self) -> None:
+        """A fresh Adam (no moments, step 0) over the current parameters."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        t = self.spec.trainer
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=t.lr, min_lr=t.lr, weight_decay=t.weight_decay,
                             clip_grad=t.grad_clip, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
@@ -154,6 +160,19 @@ class MegatronWorker:
     def _seq_len(seqs: list[TrainSequence]) -> int:
         return max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
 
+    def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution) -> torch.Tensor:
+        """[b, s] log-probs of the labels under `dist`, from what `_run(..., with_labels=dist.is_raw)` returned
+        on the last stage: the model's own cross entropy for the raw distribution, else its logits (TP shards of
+        the vocabulary), tempered and, when the rollout truncated, truncated over the whole vocabulary."""
+        if dist.is_raw:
+            return -output.float()
+        from megatron.core import tensor_parallel as tpl
+
+        labels = mb["labels"].to(output.device)
+        if dist.truncates or self.ps.get_tensor_model_parallel_world_size() == 1:
+            return token_logprobs(tpl.gather_from_tensor_model_parallel_region(output), labels, dist)
+        return -tpl.vocab_parallel_cross_entropy(output.float() / dist.temperature, labels)
+
     def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -189,43 +208,45 @@ class MegatronWorker:
         rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float32)
         groups = torch.tensor([s.group for s in seqs])
         adv = advantages(self.loss_spec, rewards, groups) if mode == "rl" else None
+        dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
         stats, grad_norms = torch.zeros(3), []
         for lo, hi in zip(bounds, bounds[1:]):
             chunk = list(range(lo, hi))
-            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode)
+            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist)
             stats += step_stats
             grad_norms.append(grad_norm)
         total_tokens = float(sum(len(s.completion_ids) for s in seqs))
-        return {"loss": float(stats[0]) / total_tokens, "logp_mean": float(stats[1]) / total_tokens,
+        return {"loss": float(stats[0]) / updates, "logp_mean": float(stats[1]) / total_tokens,
                 "sq_log_ratio": float(stats[2]) / total_tokens, "grad_norm": sum(grad_norms) / len(grad_norms),
                 "tokens": int(total_tokens), "reporting": self._reporting_rank()}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
-                        mode: str) -> tuple[torch.Tensor, float]:
+                        mode: str, dist: TokenDistribution) -> tuple[torch.Tensor, float]:
         dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
-        tokens = float(sum(len(seqs[i].completion_ids) for i in chunk))
+        n_seqs, n_tokens = len(chunk), sum(len(seqs[i].completion_ids) for i in chunk)
         mbs = self._micro_batches(seqs, chunk[r::dp], adv, seq_len)
-        # Each micro-batch's token sum is divided by the mini-batch's token count; the schedule divides by
-        # the number of micro-batches and DDP averages over data-parallel ranks, which the factor undoes.
-        scale = len(mbs) * dp / max(tokens, 1.0)
+        # Each micro-batch's loss is its part of the mini-batch objective (normalised by the mini-batch's
+        # counts); the schedule divides by the number of micro-batches and DDP averages over data-parallel
+        # ranks, which the factor undoes.
+        scale = len(mbs) * dp
 
         def loss_fn(mb, output):
-            logp = -output.float()
+            logp = self._token_logprobs(output, mb, dist)
             mask = mb["mask"].to(logp.device)
             old = mb["old"].to(logp.device)
             if mode == "sft":
-                loss_sum = -(logp * mask).sum()
-                kl = logp.new_zeros(())
+                loss = -(logp * mask).sum() / max(n_tokens, 1)
+                sq = logp.new_zeros(())
             else:
-                loss_sum = policy_loss_sum(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device))
-                kl = (((logp - old) ** 2) * mask).sum()
-            stats = torch.stack([loss_sum.detach(), (logp.detach() * mask).sum(), kl.detach()])
-            return loss_sum * scale, {"stats": stats}
+                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens)
+                sq = (((logp - old) ** 2) * mask).sum()
+            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach()])
+            return loss * scale, {"stats": stats}
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(mbs, loss_fn, seq_len, forward_only=False)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=False, with_labels=dist.is_raw)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step skipped (non-finite gradients)")
@@ -243,16 +264,18 @@ class MegatronWorker:
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> dict[int, list[float]] | None:
-        """Teacher-forced log-probs of every completion token. Returns {sequence index: [logp...]} on the
-        ranks that hold results (last pipeline stage, TP rank 0); None elsewhere."""
-        seqs = batch.sequences
+        """Teacher-forced log-probs of every completion token under `batch.distribution`. Returns
+        {sequence index: [logp...]} on the ranks that hold results (last pipeline stage, TP rank 0); None
+        elsewhere."""
+        seqs, dist = batch.sequences, batch.distribution
         seq_len = self._seq_len(seqs)
         mbs = self._micro_batches(seqs, self._dp_slice(seqs), None, seq_len)
 
         def loss_fn(mb, output):
-            return output.new_zeros(()), {"index": mb["index"], "logp": (-output.float()).cpu()}
+            logp = self._token_logprobs(output, mb, dist)
+            return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=dist.is_raw)
         if not self._reporting_rank():
             return None
         result: dict[int, list[float]] = {}
