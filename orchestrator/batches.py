@@ -22,8 +22,13 @@ def text_batch(tokenizer, pairs: Iterable[tuple[str, str]]) -> TrainBatch:
                                      tokenizer(c, add_special_tokens=False).input_ids + [eos]) for p, c in pairs])
 
 
+def attach_reference_logprobs(batch: TrainBatch, ref_logprobs: list[list[float]]) -> None:
+    for seq, ref in zip(batch.sequences, ref_logprobs, strict=True):
+        seq.ref_logprobs = ref
+
+
 def samples_batch(samples: Samples, sampling: TokenDistribution) -> TrainBatch:
     """Samples drawn from `sampling`, with their rollout log-probs and rewards; samples of one prompt form
     one group."""
-    return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, s.logprobs, s.reward, s.prompt_index)
-                       for s in samples], sampling)
+    return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=s.logprobs, reward=s.reward,
+                                     group=s.prompt_index) for s in samples], sampling)

@@ -53,12 +53,25 @@ def run(config: Path = typer.Argument(..., help="YAML config"),
 
 
 @app.command()
-def resume(run_dir: Path = typer.Argument(..., help="a run directory written by `tide run`")) -> None:
-    """Continue a killed or finished run from its newest complete checkpoint."""
+def resume(run_dir: Path = typer.Argument(..., help="a run directory written by `tide run`"),
+           iterations: Optional[int] = typer.Option(None, "--iterations", help="extend (or shorten) the run to N "
+                                                    "iterations; the resolved config records the new length")) -> None:
+    """Continue a killed or finished run from its newest complete checkpoint.
+
+    With --iterations N a finished run goes on to iteration N, exactly as a run started with N iterations
+    would have (learning-rate schedules that decay over the run are stretched to the new length, so with
+    those only the iterations up to the checkpoint are shared)."""
     if not (run_dir / "config.yaml").is_file():
         _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
+    overrides = None
+    if iterations is not None:
+        done = RunDir(run_dir).latest_checkpoint()
+        at = RunDir.read_run_state(done)["iteration"] if done else 0
+        if iterations <= at:
+            _fail(f"--iterations {iterations}: {run_dir} already has a checkpoint at iteration {at}", 2)
+        overrides = {"iterations": iterations}
     try:
-        cfg = load_config(run_dir / "config.yaml")
+        cfg = load_config(run_dir / "config.yaml", overrides)
     except ConfigError as e:
         _fail(str(e), 2)
     _guarded(lambda: _execute(cfg, RunDir(run_dir), resume=True))

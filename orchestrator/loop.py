@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.batches import samples_batch
+from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.logprob_check import check_logprob_gap, logprob_gap
 from orchestrator.rewards import score_samples
@@ -28,10 +28,15 @@ def run_iterations(s: Session) -> None:
                                              sampling_seed(cfg.seed, it))
             with run.phase(it, "reward"):
                 reward = score_samples(s.task, problems, samples, t.length_penalty)
+            batch = samples_batch(samples, s.sampling)
+            if t.kl.coef > 0:
+                with run.phase(it, "reference"):
+                    attach_reference_logprobs(batch, s.trainer.logprobs(batch, reference=True))
             with run.phase(it, "train"):
                 progress.update(bar, description=f"{cfg.name} · train")
                 lr = lr_at(t.lr, t.lr_schedule, it, cfg.iterations)
-                train = s.trainer.train_step(samples_batch(samples, s.sampling), lr=lr, updates=t.updates_per_iteration)
+                shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
+                train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
@@ -44,7 +49,8 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
                              "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
-                             "samples": len(samples), **moved})
+                             **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), "samples": len(samples),
+                             **moved})
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  acc {reward['accuracy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {gap:.2e}")
             check_logprob_gap(it, gap, r.max_logprob_gap)

@@ -63,12 +63,15 @@ class TrainerGroup:
     def _reported(self, results: list[Any]) -> Any:
         return next(r for r in results if r is not None and (not isinstance(r, dict) or r.get("reporting", True)))
 
-    def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None, updates: int = 1) -> dict:
-        return self._reported(self._all("train_step", batch, mode, lr, updates))
+    def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None, updates: int = 1,
+                   shuffle_seed: int | None = None) -> dict:
+        return self._reported(self._all("train_step", batch, mode, lr, updates, shuffle_seed))
 
-    def logprobs(self, batch: TrainBatch) -> list[list[float]]:
+    def logprobs(self, batch: TrainBatch, reference: bool = False) -> list[list[float]]:
+        """Per sequence, the log-probs of its completion tokens under the batch's distribution: the policy's,
+        or the frozen reference's (trainer.kl)."""
         merged: dict[int, list[float]] = {}
-        for r in self._all("logprobs", batch):
+        for r in self._all("logprobs", batch, reference):
             if r:
                 merged.update(r)
         return [merged[i] for i in range(len(batch.sequences))]
@@ -87,6 +90,9 @@ class TrainerGroup:
 
     def reset_optimizer(self) -> None:
         self._all("reset_optimizer")
+
+    def snapshot_reference(self) -> None:
+        self._all("snapshot_reference")
 
     def save_checkpoint(self, path: str) -> None:
         self._all("save_checkpoint", path)

@@ -17,4 +17,5 @@ def warm_start(trainer: TrainerGroup, task: Task, tokenizer, cfg: TrainerConfig,
               for k in range(cfg.warmup_sft_steps)]
     if cfg.warmup_sft_reset_optimizer:
         trainer.reset_optimizer()
+    trainer.snapshot_reference()  # trainer.kl's reference is the policy RL starts from
     return losses

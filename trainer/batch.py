@@ -11,6 +11,7 @@ class TrainSequence:
     old_logprobs: list[float] = field(default_factory=list)  # rollout policy, one per completion token
     reward: float = 0.0
     group: int = 0  # samples of the same prompt share a group (the baseline is per group)
+    ref_logprobs: list[float] = field(default_factory=list)  # frozen reference policy (with trainer.kl only)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,14 @@ class ParallelConfig(_Strict):
         return self.dp * self.tp * self.pp * self.ep
 
 
+class KLConfig(_Strict):
+    """The YAML `trainer.kl:` section: coef x KL(policy || reference) in the loss, the reference being the
+    policy RL starts from (after the supervised warm start), frozen. coef 0: no reference model at all."""
+
+    coef: float = Field(0.0, ge=0)
+    estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators (trainer/losses.py)
+
+
 class TrainerConfig(_Strict):
     """The YAML `trainer:` section."""
 
@@ -43,6 +51,7 @@ class TrainerConfig(_Strict):
     adv_std_norm: bool | None = None  # divide advantages by the group's reward std; None: grpo yes, kimi no
     lr: float = Field(1e-3, gt=0)
     lr_schedule: LRSchedule = LRSchedule()
+    kl: KLConfig = KLConfig()
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     kimi_tau: float = Field(0.1, ge=0)
@@ -51,7 +60,8 @@ class TrainerConfig(_Strict):
     clip_eps_high: float | None = Field(None, gt=0)  # > clip_eps_low: DAPO's clip-higher
     length_penalty: float = Field(0.0, ge=0)  # weight of Kimi k1.5's length reward; 0 disables it
     micro_batch_size: int = Field(64, gt=0)
-    updates_per_iteration: int = Field(1, ge=1)  # optimizer steps per iteration (consecutive mini-batches)
+    updates_per_iteration: int = Field(1, ge=1)  # optimizer steps per iteration (mini-batches of the samples)
+    shuffle_minibatches: bool = True  # seeded shuffle before cutting mini-batches (False: consecutive prompts)
     warmup_sft_steps: int = Field(0, ge=0)
     warmup_sft_batch: int = Field(64, gt=0)
     warmup_sft_lr: float = Field(3e-3, gt=0)
@@ -86,7 +96,8 @@ class TrainerConfig(_Strict):
         return LossSpec(kind=self.loss, kimi_tau=self.kimi_tau, clip_eps_low=low,
                         clip_eps_high=low if self.clip_eps_high is None else self.clip_eps_high,
                         agg=self.loss_agg,
-                        adv_std_norm=self.loss == "grpo" if self.adv_std_norm is None else self.adv_std_norm)
+                        adv_std_norm=self.loss == "grpo" if self.adv_std_norm is None else self.adv_std_norm,
+                        kl_coef=self.kl.coef, kl_estimator=self.kl.estimator)
 
 
 class TrainerSpec(_Strict):

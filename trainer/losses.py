@@ -22,6 +22,11 @@ Losses (`trainer.loss`):
   - clip-higher (DAPO): ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high].
   With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
   `ppo_clip` (not PPO: there is no critic).
+
+`trainer.kl` adds coef x KL(pi || pi_ref) to the loss, estimated per sampled token with Schulman's estimators
+("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
+k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
+objective), aggregated like the policy loss otherwise.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import torch
 
 LossKind = Literal["kimi", "kimi_token", "grpo"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+KLEstimator = Literal["k1", "k2", "k3"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,12 @@ class LossSpec:
     clip_eps_high: float = 0.2
     agg: LossAgg = "token_mean"  # grpo only
     adv_std_norm: bool = False
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+
+    @property
+    def kl_agg(self) -> LossAgg:
+        return {"kimi": "seq_mean_token_sum", "kimi_token": "token_mean"}.get(self.kind, self.agg)
 
 
 def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool) -> torch.Tensor:
@@ -96,9 +108,39 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: LossAgg, n_seqs:
     raise ValueError(f"unknown loss aggregation {agg!r}")
 
 
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman 2020)."""
+    r = ref_logp - logp
+    if estimator == "k1":
+        return -r
+    if estimator == "k2":
+        return 0.5 * r**2
+    if estimator == "k3":
+        return torch.exp(r) - 1 - r
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def masked_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`ref_logp` on completion tokens, the policy's own (detached) elsewhere: positions outside the mask hold
+    placeholders, and exp(placeholder - log pi) could overflow to inf, which times a zero mask is NaN."""
+    return torch.where(mask > 0, ref_logp, logp.detach())
+
+
 def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-                n_seqs: int, n_tokens: int) -> torch.Tensor:
-    """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts)."""
+                n_seqs: int, n_tokens: int, ref_logp: torch.Tensor | None = None) -> torch.Tensor:
+    """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts),
+    plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required)."""
+    loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens)
+    if spec.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("trainer.kl.coef > 0 needs the reference policy's log-probs")
+        kl = kl_estimate(logp, masked_reference(logp, ref_logp, mask), spec.kl_estimator)
+        loss = loss + spec.kl_coef * aggregate(kl, mask, spec.kl_agg, n_seqs, n_tokens)
+    return loss
+
+
+def _surrogate(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+               n_seqs: int, n_tokens: int) -> torch.Tensor:
     if spec.kind == "kimi":
         return kimi_sequence_loss(logp, old_logp, mask, adv, spec.kimi_tau).sum() / max(n_seqs, 1)
     if spec.kind == "kimi_token":

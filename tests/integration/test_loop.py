@@ -60,11 +60,17 @@ def address(ray_cluster) -> str:
     return ray.get_runtime_context().gcs_address
 
 
+# The reference run also carries a reference-policy KL term and a warm-up + cosine learning-rate schedule, so that
+# the resume test covers their state (the frozen reference in the checkpoint, the rate of each iteration).
+REF = {"trainer__kl": {"coef": 0.05, "estimator": "k3"},
+       "trainer__lr_schedule": {"warmup_iterations": 1, "decay": "cosine", "min_lr": 2e-4}}
+
+
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, address):
     """An uninterrupted 4-iteration run in reload mode (shared by the loop and resume tests)."""
     tmp = tmp_path_factory.mktemp("ref")
-    cfg = _write(tmp, _config("ref", address))
+    cfg = _write(tmp, _config("ref", address, **REF))
     proc = _tide("run", cfg, "--run-dir", tmp / "run")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tmp / "run"
@@ -79,8 +85,12 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
     timings = [json.loads(l) for l in (reference_run / "timings.jsonl").read_text().splitlines()]
     phases = {(t["iteration"], t["phase"]) for t in timings}
     for it in range(1, 5):
-        for phase in ("rollout", "reward", "train", "publish", "sync"):
+        for phase in ("rollout", "reward", "reference", "train", "publish", "sync"):
             assert (it, phase) in phases
+    # the reference is the policy RL starts from: no divergence in iteration 1's only optimizer step
+    assert metrics[0]["kl_ref"] == pytest.approx(0.0, abs=1e-9)
+    assert metrics[-1]["kl_ref"] > 1e-6
+    assert [m["lr"] for m in metrics] == pytest.approx([2e-3, 2e-4 + 1.8e-3 * 0.75, 2e-4 + 1.8e-3 * 0.25, 2e-4])
     assert (2, "checkpoint") in phases and (4, "checkpoint") in phases
     assert all(t["bytes"] > 0 for t in timings if t["phase"] in ("publish", "sync"))
     proc = _tide("inspect", reference_run, timeout=120)
@@ -90,7 +100,7 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
 
 
 def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path, address):
-    cfg = _write(tmp_path, _config("ref", address))  # same name and seed: same problems and weights
+    cfg = _write(tmp_path, _config("ref", address, **REF))  # same name and seed: same problems and weights
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -121,6 +131,22 @@ def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path
     final = json.loads((run_dir / "final.json").read_text())
     ref_final = json.loads((reference_run / "final.json").read_text())
     assert final["parameter_digests"] == ref_final["parameter_digests"]
+
+
+def test_finished_run_extends_exactly(tmp_path, address):
+    """`tide resume RUN --iterations N` on a finished run continues as if the run had been started with N."""
+    short, full = tmp_path / "short", tmp_path / "full"
+    assert _tide("run", _write(tmp_path, _config("ext", address, iterations=2)), "--run-dir", short).returncode == 0
+    extended = _tide("resume", short, "--iterations", 3)
+    assert extended.returncode == 0, extended.stderr[-4000:]
+    (tmp_path / "long").mkdir()
+    proc = _tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3)), "--run-dir", full)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [m["iteration"] for m in _metrics(short)] == [1, 2, 3]
+    assert (short / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+    assert json.loads((short / "final.json").read_text()) == json.loads((full / "final.json").read_text())
+    refused = _tide("resume", short, "--iterations", 3, timeout=120)
+    assert refused.returncode == 2 and "already has a checkpoint at iteration 3" in refused.stderr
 
 
 def test_restart_mode_survives_engine_kill_mid_rollout(tmp_path, address):

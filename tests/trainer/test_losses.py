@@ -126,3 +126,42 @@ def test_lr_schedule_by_hand():
     assert [lr_at(2.0, cos, it, 4) for it in range(1, 5)] == pytest.approx(
         [1 + math.cos(math.pi / 4), 1.0, 1 + math.cos(3 * math.pi / 4), 0.0])
     assert [lr_at(0.3, LRSchedule(), it, 5) for it in (1, 5)] == [0.3, 0.3]
+
+
+def test_kl_estimators_by_hand():
+    """Schulman's k1, k2, k3 with r = log pi_ref - log pi."""
+    from trainer.losses import kl_estimate
+
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -2.0]])  # r = -0.5, 0
+    assert kl_estimate(logp, ref, "k1").tolist() == [pytest.approx([0.5, 0.0])]
+    assert kl_estimate(logp, ref, "k2").tolist() == [pytest.approx([0.125, 0.0])]
+    assert kl_estimate(logp, ref, "k3").tolist() == [pytest.approx([math.exp(-0.5) - 1 + 0.5, 0.0])]
+
+
+def test_kl_term_by_hand():
+    """grpo token_mean: surrogate + coef * mean k1 over tokens; kimi: + coef * mean over completions of the
+    completion's summed k1."""
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    old, mask, adv = logp.clone(), torch.tensor([[1.0, 1.0], [1.0, 0.0]]), torch.zeros(2)
+    ref = logp - torch.tensor([[0.2, 0.4], [0.6, 9.0]])  # k1 = 0.2, 0.4, 0.6 (and 9 on padding)
+    grpo = LossSpec("grpo", kl_coef=0.5, kl_estimator="k1")
+    # zero advantages: the surrogate is 0; KL token mean (0.2 + 0.4 + 0.6) / 3 = 0.4
+    assert policy_loss(grpo, logp, old, mask, adv, 2, 3, ref).item() == pytest.approx(0.5 * 0.4)
+    kimi = LossSpec("kimi", kimi_tau=0.0, kl_coef=0.5, kl_estimator="k1")
+    # per completion 0.6 and 0.6, mean 0.6
+    assert policy_loss(kimi, logp, old, mask, adv, 2, 3, ref).item() == pytest.approx(0.5 * 0.6)
+    with pytest.raises(ValueError, match="reference"):
+        policy_loss(grpo, logp, old, mask, adv, 2, 3)
+
+
+def test_kl_ignores_placeholders_outside_the_mask():
+    """A zero placeholder where log pi is very negative (padding) must not turn the loss into inf or NaN."""
+    logp = torch.tensor([[-1.0, -200.0]], requires_grad=True)
+    ref = torch.tensor([[-1.1, 0.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    spec = LossSpec("grpo", kl_coef=1.0, kl_estimator="k3")
+    loss = policy_loss(spec, logp, logp.detach(), mask, torch.zeros(1), 1, 1, ref)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
+    assert loss.item() == pytest.approx(math.exp(-0.1) - 1 + 0.1, rel=1e-5)

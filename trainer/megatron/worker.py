@@ -14,7 +14,7 @@ import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import advantages, policy_loss
+from trainer.losses import advantages, kl_estimate, masked_reference, policy_loss
 from trainer.sampling import token_logprobs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,6 +48,7 @@ class MegatronWorker:
         self._build()
         self._load_hf(spec.hf_dir)
         self.loss_spec = t.loss_spec()
+        self.reference = self._build_reference() if t.kl.coef > 0 else None
 
     # ---- construction -----------------------------------------------------------------------
     def _build(self) -> None:
@@ -68,6 +69,23 @@ class MegatronWorker:
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
         self.reset_optimizer()
+
+    def _build_reference(self):
+        """A frozen copy of this rank's part of the policy, in the same layout (trainer.kl)."""
+        from trainer.megatron.model import build_gpt
+
+        ref = build_gpt(self.hf_config, self.config, pre_process=self.ps.is_pipeline_first_stage(),
+                        post_process=self.ps.is_pipeline_last_stage())
+        if self.spec.trainer.device == "cuda":
+            ref = ref.cuda()
+        ref.load_state_dict(self.module.state_dict())
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    def snapshot_reference(self) -> None:
+        """The reference becomes the current policy (RL's starting point, after the warm start)."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self.module.state_dict())
 
     def reset_optimizer(self) -> None:
         """A fresh Adam (no moments, step 0) over the current parameters."""
@@ -141,6 +159,7 @@ class MegatronWorker:
             labels = torch.zeros(b, seq_len, dtype=torch.long)
             mask = torch.zeros(b, seq_len)
             old = torch.zeros(b, seq_len)
+            ref = torch.zeros(b, seq_len)
             for row, i in enumerate(chosen):
                 s = seqs[i]
                 full = s.prompt_ids + s.completion_ids
@@ -151,7 +170,9 @@ class MegatronWorker:
                 mask[row, p - 1:p - 1 + c] = 1.0
                 if s.old_logprobs:
                     old[row, p - 1:p - 1 + c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-            mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old,
+                if s.ref_logprobs:
+                    ref[row, p - 1:p - 1 + c] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+            mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
                             position_ids=torch.arange(seq_len).unsqueeze(0).expand(b, -1),
                             adv=None if adv is None else adv[chosen]))
         return mbs
@@ -173,7 +194,8 @@ class MegatronWorker:
             return token_logprobs(tpl.gather_from_tensor_model_parallel_region(output), labels, dist)
         return -tpl.vocab_parallel_cross_entropy(output.float() / dist.temperature, labels)
 
-    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True) -> list[dict]:
+    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True,
+             model=None) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
@@ -185,7 +207,7 @@ class MegatronWorker:
             return out, partial(loss_fn, mb)
 
         return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.model],
+            forward_step_func=forward_step, data_iterator=iter(mbs), model=[model or self.model],
             num_microbatches=len(mbs), seq_length=seq_len, micro_batch_size=max(len(m["index"]) for m in mbs),
             forward_only=forward_only,
         )
@@ -196,11 +218,12 @@ class MegatronWorker:
 
     # ---- public API ---------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None,
-                   updates: int = 1) -> dict[str, float]:
+                   updates: int = 1, shuffle_seed: int | None = None) -> dict[str, float]:
         """Optimizer steps on the batch (`mode` "rl" uses the configured RL loss, "sft" the negative
         log-likelihood of the completions) at learning rate `lr` (default: the configured one). The batch is
-        cut into `updates` consecutive mini-batches, one optimizer step each; advantages are computed over
-        the whole batch first, so a prompt's baseline always sees all of its samples."""
+        cut into `updates` mini-batches, one optimizer step each: consecutive ones, or, with `shuffle_seed`, of
+        a seeded permutation (each step then mixes prompts, as TRL's and veRL's mini-batches do); advantages
+        are computed over the whole batch first, so a prompt's baseline always sees all of its samples."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.trainer.lr if lr is None else lr
         seqs = batch.sequences
@@ -208,18 +231,24 @@ class MegatronWorker:
         rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float32)
         groups = torch.tensor([s.group for s in seqs])
         adv = advantages(self.loss_spec, rewards, groups) if mode == "rl" else None
+        if mode == "rl" and self.reference is not None and any(len(s.ref_logprobs) != len(s.completion_ids)
+                                                               for s in seqs):
+            raise ValueError("trainer.kl is on: every sequence needs the reference's log-probs (ref_logprobs)")
         dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
-        stats, grad_norms = torch.zeros(3), []
+        order = list(range(len(seqs))) if shuffle_seed is None else \
+            torch.randperm(len(seqs), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+        stats, grad_norms = torch.zeros(4), []
         for lo, hi in zip(bounds, bounds[1:]):
-            chunk = list(range(lo, hi))
+            chunk = order[lo:hi]
             step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist)
             stats += step_stats
             grad_norms.append(grad_norm)
         total_tokens = float(sum(len(s.completion_ids) for s in seqs))
         return {"loss": float(stats[0]) / updates, "logp_mean": float(stats[1]) / total_tokens,
-                "sq_log_ratio": float(stats[2]) / total_tokens, "grad_norm": sum(grad_norms) / len(grad_norms),
-                "tokens": int(total_tokens), "reporting": self._reporting_rank()}
+                "sq_log_ratio": float(stats[2]) / total_tokens, "kl_ref": float(stats[3]) / total_tokens,
+                "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(total_tokens),
+                "reporting": self._reporting_rank()}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution) -> tuple[torch.Tensor, float]:
@@ -235,13 +264,17 @@ class MegatronWorker:
             logp = self._token_logprobs(output, mb, dist)
             mask = mb["mask"].to(logp.device)
             old = mb["old"].to(logp.device)
+            sq = kl = logp.new_zeros(())
             if mode == "sft":
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
-                sq = logp.new_zeros(())
             else:
-                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens)
+                ref = mb["ref"].to(logp.device) if self.reference is not None else None
+                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens, ref)
                 sq = (((logp - old) ** 2) * mask).sum()
-            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach()])
+                if ref is not None:
+                    ref = masked_reference(logp, ref, mask)
+                    kl = (kl_estimate(logp.detach(), ref, self.loss_spec.kl_estimator) * mask).sum()
+            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl])
             return loss * scale, {"stats": stats}
 
         self.model.zero_grad_buffer()
@@ -250,7 +283,7 @@ class MegatronWorker:
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step skipped (non-finite gradients)")
-        stats = torch.zeros(3)
+        stats = torch.zeros(4)
         for d in out:
             stats += d["stats"].cpu()
         return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0)
@@ -263,10 +296,12 @@ class MegatronWorker:
         return t
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> dict[int, list[float]] | None:
-        """Teacher-forced log-probs of every completion token under `batch.distribution`. Returns
-        {sequence index: [logp...]} on the ranks that hold results (last pipeline stage, TP rank 0); None
-        elsewhere."""
+    def logprobs(self, batch: TrainBatch, reference: bool = False) -> dict[int, list[float]] | None:
+        """Teacher-forced log-probs of every completion token under `batch.distribution`, of the policy or of
+        the frozen reference (trainer.kl). Returns {sequence index: [logp...]} on the ranks that hold results
+        (last pipeline stage, TP rank 0); None elsewhere."""
+        if reference and self.reference is None:
+            raise RuntimeError("no reference model: trainer.kl.coef is 0")
         seqs, dist = batch.sequences, batch.distribution
         seq_len = self._seq_len(seqs)
         mbs = self._micro_batches(seqs, self._dp_slice(seqs), None, seq_len)
@@ -275,7 +310,8 @@ class MegatronWorker:
             logp = self._token_logprobs(output, mb, dist)
             return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=dist.is_raw)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=dist.is_raw,
+                        model=self.reference if reference else None)
         if not self._reporting_rank():
             return None
         result: dict[int, list[float]] = {}
@@ -352,6 +388,8 @@ class MegatronWorker:
         shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
                  ps.get_expert_model_parallel_world_size())
         state = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)}
+        if self.reference is not None:
+            state["reference"] = self.reference.sharded_state_dict(prefix="reference.")
         if with_rng:
             # ranks that share (pp, tp, ep) coordinates hold copies: they form the expert-data-parallel group
             state["rng"] = ShardedObject("rng_state", rng, shape, pos, replica_id=ps.get_expert_data_parallel_rank())
@@ -389,6 +427,8 @@ class MegatronWorker:
                                         str(Path(ckpt_dir) / "megatron"))
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None:
+            self.reference.load_state_dict({k.removeprefix("reference."): v for k, v in state["reference"].items()})
         if not same_layout:
             return
         rng = state["rng"]
