@@ -55,12 +55,15 @@ class WeightSync(ABC):
         return verify_manifest(manifest)
 
     def engine_dirs(self, manifest: Manifest) -> list[str]:
-        """The HF directories engines start from: each engine's verified copy, TP shards merged whole."""
-        dirs = []
-        for m in self.pull(manifest).manifests:
-            self.verify(m)
-            dirs.append(str(engine_checkpoint_dir(m, "engine-start")))
-        return dirs
+        """The HF directories engines start from: each engine's verified copy, TP shards merged whole (once
+        per copy: engines sharing the publish directory share its checks and its merge)."""
+        copies = self.pull(manifest).manifests
+        ready: dict[str, str] = {}
+        for m in copies:
+            if m.directory not in ready:
+                self.verify(m)
+                ready[m.directory] = str(engine_checkpoint_dir(m, "engine-start"))
+        return [ready[m.directory] for m in copies]
 
     @abstractmethod
     def gc(self, newest: int) -> None:
