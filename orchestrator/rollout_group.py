@@ -29,8 +29,7 @@ class RolloutGroup:
         """The problems split across engines, `n_samples` completions each, drawn from `sampling`."""
         k = len(self.engines)
         bounds = [len(problems) * i // k for i in range(k + 1)]
-        refs = [e.generate.remote(problems[lo:hi], n_samples, max_new_tokens, sampling.temperature, seed + lo,
-                                  sampling.top_p, sampling.top_k)
+        refs = [_generate(e, problems[lo:hi], n_samples, max_new_tokens, sampling, seed + lo)
                 for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
         out = Samples()
         for lo, part in zip(bounds, ray.get(refs, timeout=self.timeout)):
@@ -42,12 +41,7 @@ class RolloutGroup:
     def generate_on_each(self, problems: list[Problem], max_new_tokens: int, sampling: TokenDistribution,
                          seed: int) -> list[Samples]:
         """One completion per problem from every engine (each must sample the trainer's distribution)."""
-        return ray.get([e.generate.remote(problems, 1, max_new_tokens, sampling.temperature, seed, sampling.top_p,
-                                          sampling.top_k) for e in self.engines], timeout=self.timeout)
-
-    def score_sequences(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[list[float]]]:
-        """Teacher-forced log-probs from every engine (each must agree with the trainer)."""
-        return ray.get([e.score_sequences.remote(prompt_ids, completion_ids) for e in self.engines],
+        return ray.get([_generate(e, problems, 1, max_new_tokens, sampling, seed) for e in self.engines],
                        timeout=self.timeout)
 
     def sync(self, manifests: Manifest | list[Manifest], mode: str) -> list[dict]:
@@ -68,3 +62,9 @@ class RolloutGroup:
                 pass
             ray.kill(e)
         self.engines = []
+
+
+def _generate(engine, problems: list[Problem], n_samples: int, max_new_tokens: int, sampling: TokenDistribution,
+              seed: int):
+    return engine.generate.remote(problems, n_samples, max_new_tokens, sampling.temperature, seed, sampling.top_p,
+                                  sampling.top_k)

@@ -15,8 +15,8 @@ from rich.console import Console
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
 from orchestrator.checkpointing import restore_checkpoint
 from orchestrator.cluster import connect
-from orchestrator.config import TideConfig, dump_config
 from orchestrator.batches import behaviour_distribution
+from orchestrator.config import TideConfig, dump_config
 from orchestrator.logprob_check import probe_problems
 from orchestrator.model_source import resolve_model_dir
 from orchestrator.rollout_group import RolloutGroup
@@ -38,7 +38,6 @@ class Session:
     tokenizer: object
     trainer: TrainerGroup
     weights: WeightSync
-    sampling: TokenDistribution  # what the engines sample from and the trainer recomputes
     probe: list[Problem]  # the fixed prompts of the log-prob check
     rollout: RolloutGroup | None = None
     start_iteration: int = 0
@@ -71,12 +70,17 @@ class Session:
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace)
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
-            session = cls(cfg, run, task, tokenizer, trainer, weights, behaviour_distribution(cfg.rollout), probe)
+            session = cls(cfg, run, task, tokenizer, trainer, weights, probe)
             session._start_engines(model_dir, resume)
             stack.callback(session.rollout.shutdown)
             run.set_status(engine_pids=session.rollout.engine_pids())
             session._teardown = stack.pop_all()
             return session
+
+    @property
+    def sampling(self) -> TokenDistribution:
+        """What the engines sample from and the trainer recomputes."""
+        return behaviour_distribution(self.cfg.rollout)
 
     def _start_engines(self, model_dir: str, resume: bool) -> None:
         """Restore or warm-start the trainer, then start the engines on exactly its current weights: the base
