@@ -54,15 +54,13 @@ class MegatronWorker:
     def _build(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        from trainer.megatron.model import build_gpt, transformer_config
 
-        s, t, ps = self.spec, self.spec.trainer, self.ps
+        from trainer.megatron.model import transformer_config
+
+        s, t = self.spec, self.spec.trainer
         self.config = transformer_config(self.hf_config, tp=t.parallel.tp, pp=t.parallel.pp, ep=t.parallel.ep,
                                          dtype=self.dtype, deterministic=s.deterministic)
-        module = build_gpt(self.hf_config, self.config, pre_process=ps.is_pipeline_first_stage(),
-                           post_process=ps.is_pipeline_last_stage())
-        if t.device == "cuda":
-            module = module.cuda()
+        module = self._new_module()
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.config, ddp_config, module)
@@ -70,14 +68,17 @@ class MegatronWorker:
         self.config.no_sync_func = self.model.no_sync
         self.reset_optimizer()
 
-    def _build_reference(self):
-        """A frozen copy of this rank's part of the policy, in the same layout (trainer.kl)."""
+    def _new_module(self):
+        """This rank's stage of the GPT model, on the trainer's device."""
         from trainer.megatron.model import build_gpt
 
-        ref = build_gpt(self.hf_config, self.config, pre_process=self.ps.is_pipeline_first_stage(),
-                        post_process=self.ps.is_pipeline_last_stage())
-        if self.spec.trainer.device == "cuda":
-            ref = ref.cuda()
+        module = build_gpt(self.hf_config, self.config, pre_process=self.ps.is_pipeline_first_stage(),
+                           post_process=self.ps.is_pipeline_last_stage())
+        return module.cuda() if self.spec.trainer.device == "cuda" else module
+
+    def _build_reference(self):
+        """A frozen copy of this rank's part of the policy, in the same layout (trainer.kl)."""
+        ref = self._new_module()
         ref.load_state_dict(self.module.state_dict())
         ref.requires_grad_(False)
         return ref.eval()
