@@ -19,13 +19,6 @@ pytestmark = pytest.mark.slow
 MARGIN = 0.25  # mean reward of the last two iterations over that of the first two
 
 
-@pytest.fixture(scope="module")
-def address(ray_cluster) -> str:
-    import ray
-
-    return ray.get_runtime_context().gcs_address
-
-
 @pytest.mark.parametrize("config", ["quickstart_sampling.yaml", "quickstart.yaml"])
 def test_quickstart_job_learns(tmp_path, address, config):
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())

@@ -53,13 +53,6 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def address(ray_cluster) -> str:
-    import ray
-
-    return ray.get_runtime_context().gcs_address
-
-
 # The reference run also carries a reference-policy KL term and a warm-up + cosine learning-rate schedule, so that
 # the resume test covers their state (the frozen reference in the checkpoint, the rate of each iteration).
 REF = {"trainer__kl": {"coef": 0.05, "estimator": "k3"},
