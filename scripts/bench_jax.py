@@ -17,7 +17,6 @@ configs/cartpole.yaml (rejax without LR annealing, which it lacks).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Report  # noqa: E402
+from bench_common import Report, bench_arguments, repeats_for  # noqa: E402
 
 NUM_STEPS = 128
 PPO = dict(epochs=4, minibatches=4, lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
@@ -314,9 +313,7 @@ def updates_for(num_envs: int, target_steps: int) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    args = bench_arguments(__doc__).parse_args()
     quick = args.quick
     report = Report("jax", quick)
 
@@ -327,7 +324,7 @@ def main() -> None:
     use_cpu_cores()  # one XLA CPU device per core, as `tide run` sets up; single-seed rows still use one
     enable_compilation_cache(".cache/jax")
     env_counts = [4, 2048] if quick else [4, 16, 64, 256, 1024, 2048]
-    repeats = 3 if quick else 5
+    repeats = repeats_for(quick)
     chunk_steps = 16_384 if quick else 65_536
 
     for n in env_counts:

@@ -13,7 +13,6 @@ vs a bare process start). Needs root. Writes bench_results/sandbox.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_common import Report, command_version  # noqa: E402
+from bench_common import Report, bench_arguments, command_version  # noqa: E402
 from sandbox.config import SandboxConfig  # noqa: E402
 from sandbox.images import Image  # noqa: E402
 from sandbox.models import RunRequest  # noqa: E402
@@ -142,8 +141,7 @@ def start_service(state: Path, pool: int) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="under 2 minutes on 2 cores")
+    ap = bench_arguments(__doc__)
     ap.add_argument("--out", default=str(REPO / "bench_results" / "sandbox.json"))
     args = ap.parse_args()
     if os.geteuid() != 0:
