@@ -77,6 +77,7 @@ class TideConfig(Strict):
             raise ValueError("the `jax:` section is read only with `engine: jax`: remove it or set engine: jax")
         else:
             p, r = self.trainer.parallel, self.rollout
+            r.logprob_gap_bound(self.model.dtype)  # float16 has no default bound: refused here, not mid-run
             per_step = r.prompts_per_iteration * r.n_samples // self.trainer.updates_per_iteration
             if per_step < p.dp * p.ep:
                 raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "

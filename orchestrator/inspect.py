@@ -10,7 +10,7 @@ from rich.table import Table
 
 from orchestrator.rundir import RunDir
 
-PHASE_ORDER = ["warmup", "compile", "rollout", "reward", "reference", "train", "publish", "sync", "checkpoint"]
+PHASE_ORDER = ["warmup", "compile", "rollout", "reward", "old_logprobs", "reference", "train", "publish", "sync", "checkpoint"]
 
 
 def phase_table(timings: list[dict]) -> list[dict]:

@@ -1,4 +1,5 @@
-"""One RL iteration after another: rollout -> reward -> train -> publish -> sync (-> checkpoint)."""
+"""One RL iteration after another: rollout -> reward -> [old / reference log-probs] -> train -> publish -> sync
+(-> checkpoint)."""
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -6,6 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.logprob_check import check_logprob_gap, logprob_gap
+from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
 from orchestrator.rewards import score_samples
 from orchestrator.session import Session, console
 from trainer.lr_schedule import lr_at
@@ -29,6 +31,9 @@ def run_iterations(s: Session) -> None:
             with run.phase(it, "reward"):
                 reward = score_samples(s.task, problems, samples, t.length_penalty)
             batch = samples_batch(samples, s.sampling)
+            if r.mismatch_correction == "tis":
+                with run.phase(it, "old_logprobs"):
+                    use_trainer_old_logprobs(batch, s.trainer.logprobs(batch), r.tis_cap)
             if t.kl.coef > 0:
                 with run.phase(it, "reference"):
                     attach_reference_logprobs(batch, s.trainer.logprobs(batch, reference=True))
@@ -49,11 +54,12 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
                              "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
-                             **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), "samples": len(samples),
+                             **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), **tis_metrics(batch),
+                             "samples": len(samples),
                              **moved})
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  acc {reward['accuracy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {gap:.2e}")
-            check_logprob_gap(it, gap, r.max_logprob_gap)
+            check_logprob_gap(it, gap, r.logprob_gap_bound(cfg.model.dtype))
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")

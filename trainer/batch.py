@@ -12,6 +12,9 @@ class TrainSequence:
     reward: float = 0.0
     group: int = 0  # samples of the same prompt share a group (the baseline is per group)
     ref_logprobs: list[float] = field(default_factory=list)  # frozen reference policy (with trainer.kl only)
+    # With rollout.mismatch_correction: tis, the engine's log-probs; old_logprobs then holds the trainer's own
+    # (pi_old recomputed on the weights the engine sampled with)
+    rollout_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,4 @@ class TokenDistribution:
 class TrainBatch:
     sequences: list[TrainSequence]
     distribution: TokenDistribution = TokenDistribution()  # what old_logprobs (and the trainer's) refer to
+    tis_cap: float | None = None  # truncated importance sampling against rollout_logprobs, with this cap

@@ -23,6 +23,13 @@ Losses (`trainer.loss`):
   With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
   `ppo_clip` (not PPO: there is no critic).
 
+`rollout.mismatch_correction: tis` (truncated importance sampling; Yao et al. 2025, "Your Efficient RL Framework
+Secretly Brings You Off-Policy RL Training", fengyao.notion.site/off-policy-rl): the engines sample from
+pi_rollout, which differs from the trainer's pi_old on the same weights (bfloat16, other kernels). `old_logp`
+is then the trainer's recomputed pi_old and each token's policy-gradient term is multiplied by
+w_t = min(pi_old(y_t) / pi_rollout(y_t), C), detached. For `kimi` the weight multiplies each token's term of
+-(r - mean r) sum_t log pi(y_t); the squared log-ratio regulariser is not weighted.
+
 `trainer.kl` adds coef x KL(pi || pi_ref) to the loss, estimated per sampled token with Schulman's estimators
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
 k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
@@ -73,18 +80,27 @@ def advantages(spec: LossSpec, rewards: torch.Tensor, groups: torch.Tensor) -> t
     return group_baseline_advantages(rewards, groups, normalize_std=spec.adv_std_norm)
 
 
+def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (no gradient)."""
+    return torch.exp(old_logp.detach() - rollout_logp).clamp(max=cap)
+
+
 def kimi_sequence_loss(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-                       tau: float) -> torch.Tensor:
-    """Kimi k1.5 per completion [B]: -(r - r_mean) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2."""
-    seq_logp = (logp * mask).sum(-1)
+                       tau: float, is_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Kimi k1.5 per completion [B]: -(r - r_mean) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2
+    (with `is_weight`: log pi(y|x) in the first term becomes sum_t w_t log pi(y_t))."""
+    weighted = logp if is_weight is None else logp * is_weight
+    seq_logp = (weighted * mask).sum(-1)
     log_ratio = ((logp - old_logp) * mask).sum(-1)
     return -adv * seq_logp + 0.5 * tau * log_ratio**2
 
 
-def kimi_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, tau: float) -> torch.Tensor:
+def kimi_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, tau: float,
+                    is_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The `kimi_token` variant per token [B, T]:
-    -(r - r_mean) log pi(y_t) + tau/2 (log pi(y_t) - log pi_old(y_t))^2."""
-    return -adv[:, None] * logp + 0.5 * tau * (logp - old_logp) ** 2
+    -(r - r_mean) w_t log pi(y_t) + tau/2 (log pi(y_t) - log pi_old(y_t))^2 (w_t = 1 without `is_weight`)."""
+    weighted = logp if is_weight is None else logp * is_weight
+    return -adv[:, None] * weighted + 0.5 * tau * (logp - old_logp) ** 2
 
 
 def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float,
@@ -127,10 +143,12 @@ def masked_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Ten
 
 
 def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-                n_seqs: int, n_tokens: int, ref_logp: torch.Tensor | None = None) -> torch.Tensor:
+                n_seqs: int, n_tokens: int, ref_logp: torch.Tensor | None = None,
+                is_weight: torch.Tensor | None = None) -> torch.Tensor:
     """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts),
-    plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required)."""
-    loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens)
+    plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required); `is_weight` [B, T]:
+    truncated importance weights (`tis_weights`) on the policy-gradient term."""
+    loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens, is_weight)
     if spec.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("trainer.kl.coef > 0 needs the reference policy's log-probs")
@@ -140,13 +158,16 @@ def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask
 
 
 def _surrogate(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-               n_seqs: int, n_tokens: int) -> torch.Tensor:
+               n_seqs: int, n_tokens: int, w: torch.Tensor | None) -> torch.Tensor:
     if spec.kind == "kimi":
-        return kimi_sequence_loss(logp, old_logp, mask, adv, spec.kimi_tau).sum() / max(n_seqs, 1)
+        return kimi_sequence_loss(logp, old_logp, mask, adv, spec.kimi_tau, w).sum() / max(n_seqs, 1)
     if spec.kind == "kimi_token":
-        return aggregate(kimi_token_loss(logp, old_logp, adv, spec.kimi_tau), mask, "token_mean", n_seqs, n_tokens)
+        per_token = kimi_token_loss(logp, old_logp, adv, spec.kimi_tau, w)
+        return aggregate(per_token, mask, "token_mean", n_seqs, n_tokens)
     if spec.kind == "grpo":
         per_token = clipped_token_loss(logp, old_logp, adv, spec.clip_eps_low, spec.clip_eps_high)
+        if w is not None:
+            per_token = per_token * w
         return aggregate(per_token, mask, spec.agg, n_seqs, n_tokens)
     raise ValueError(f"unknown loss {spec.kind!r}")
 

@@ -126,18 +126,33 @@ def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path
     assert final["parameter_digests"] == ref_final["parameter_digests"]
 
 
+# bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
+# main parameters and Adam state in the checkpoint), vLLM's bf16 path, the default bf16 gap bound.
+BF16 = {"model__dtype": "bfloat16", "rollout__mismatch_correction": "tis"}
+
+
 def test_finished_run_extends_exactly(tmp_path, address):
-    """`tide resume RUN --iterations N` on a finished run continues as if the run had been started with N."""
+    """`tide resume RUN --iterations N` on a finished run continues as if the run had been started with N; here
+    in bfloat16 with TIS, whose weights appear in the metrics."""
+    from rollout.config import DEFAULT_LOGPROB_GAP
+
     short, full = tmp_path / "short", tmp_path / "full"
-    assert _tide("run", _write(tmp_path, _config("ext", address, iterations=2)), "--run-dir", short).returncode == 0
+    proc = _tide("run", _write(tmp_path, _config("ext", address, iterations=2, **BF16)), "--run-dir", short)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     extended = _tide("resume", short, "--iterations", 3)
     assert extended.returncode == 0, extended.stderr[-4000:]
     (tmp_path / "long").mkdir()
-    proc = _tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3)), "--run-dir", full)
+    proc = _tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3, **BF16)), "--run-dir", full)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [m["iteration"] for m in _metrics(short)] == [1, 2, 3]
+    metrics = _metrics(short)
+    assert [m["iteration"] for m in metrics] == [1, 2, 3]
     assert (short / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
     assert json.loads((short / "final.json").read_text()) == json.loads((full / "final.json").read_text())
+    for m in metrics:
+        assert 0 < m["logprob_gap"] <= DEFAULT_LOGPROB_GAP["bfloat16"], m
+        assert 0 < m["tis_weight_mean"] <= 2.0 and m["tis_ratio_max"] > 0 and 0 <= m["tis_clipped_frac"] <= 1, m
+    timings = [json.loads(l) for l in (short / "timings.jsonl").read_text().splitlines()]
+    assert {t["iteration"] for t in timings if t["phase"] == "old_logprobs"} == {1, 2, 3}
     refused = _tide("resume", short, "--iterations", 3, timeout=120)
     assert refused.returncode == 2 and "already has a checkpoint at iteration 3" in refused.stderr
 
@@ -198,3 +213,4 @@ def test_tensor_parallel_trainer_feeds_vllm_through_merged_shards(tmp_path, addr
     metrics = _metrics(tmp_path / "run")
     assert [m["iteration"] for m in metrics] == [1, 2]
     assert all(m["logprob_gap"] <= 1e-4 for m in metrics), metrics
+

@@ -138,3 +138,22 @@ def test_sampling_fields_are_validated():
         parse_config({**_base(), "rollout": {"top_p": 1.5}})
     with pytest.raises(ConfigError, match="rollout.top_k"):
         parse_config({**_base(), "rollout": {"top_k": -1}})
+
+
+def test_logprob_gap_bound_follows_the_model_dtype():
+    cfg = parse_config(_base())
+    assert cfg.rollout.logprob_gap_bound(cfg.model.dtype) == 1e-4
+    bf16 = parse_config({**_base(), "model": {"dtype": "bfloat16"}})
+    assert bf16.rollout.logprob_gap_bound("bfloat16") == 3e-2
+    explicit = parse_config({**_base(), "model": {"dtype": "bfloat16"}, "rollout": {"max_logprob_gap": 0.01}})
+    assert explicit.rollout.logprob_gap_bound("bfloat16") == 0.01
+    with pytest.raises(ConfigError, match="no default rollout.max_logprob_gap for model.dtype 'float16'"):
+        parse_config({**_base(), "model": {"dtype": "float16"}})
+    assert parse_config({**_base(), "model": {"dtype": "float16"}, "rollout": {"max_logprob_gap": 0.05}})
+
+
+def test_mismatch_correction_fields_are_validated():
+    with pytest.raises(ConfigError, match="rollout.mismatch_correction"):
+        parse_config({**_base(), "rollout": {"mismatch_correction": "is"}})
+    with pytest.raises(ConfigError, match="rollout.tis_cap"):
+        parse_config({**_base(), "rollout": {"tis_cap": 0.5}})

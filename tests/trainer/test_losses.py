@@ -165,3 +165,37 @@ def test_kl_ignores_placeholders_outside_the_mask():
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
     assert loss.item() == pytest.approx(math.exp(-0.1) - 1 + 0.1, rel=1e-5)
+
+
+def test_tis_weights_by_hand():
+    """min(pi_old / pi_rollout, C): ratios e^0.5 = 1.65, e^-1 = 0.37 and e^1 = 2.72, which C = 2 truncates."""
+    from trainer.losses import tis_weights
+
+    old = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    rollout = torch.tensor([[-1.5, -1.0, -1.5]])
+    w = tis_weights(old, rollout, cap=2.0)
+    assert w.tolist() == [pytest.approx([math.exp(0.5), math.exp(-1.0), 2.0])]
+    assert not w.requires_grad
+
+
+def test_tis_weighs_each_tokens_policy_gradient_by_hand():
+    """grpo: each token's clipped term times w_t; kimi: -A sum_t w_t log pi_t, the regulariser unweighted."""
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    old = logp.detach().clone()
+    mask, adv, w = torch.ones(1, 2), torch.tensor([1.0]), torch.tensor([[0.5, 2.0]])
+    # ratio 1 on both tokens: per-token -A = -1, weighted -0.5 and -2.0, token mean -1.25
+    grpo = policy_loss(LossSpec("grpo", agg="token_mean"), logp, old, mask, adv, 1, 2, is_weight=w)
+    assert grpo.item() == pytest.approx(-1.25)
+    grpo.backward()
+    # d/dlogp_t of -A w_t ratio_t / 2 tokens = -w_t / 2 at ratio 1
+    assert logp.grad.tolist() == [pytest.approx([-0.25, -1.0])]
+    kimi = policy_loss(LossSpec("kimi", kimi_tau=1.0), logp, old - 0.5, mask, adv, 1, 2, is_weight=w)
+    # -(0.5 ln 0.5 + 2 ln 0.25) + 1/2 (0.5 + 0.5)^2
+    assert kimi.item() == pytest.approx(-(0.5 * math.log(0.5) + 2 * math.log(0.25)) + 0.5)
+    token = policy_loss(LossSpec("kimi_token", kimi_tau=0.0), logp, old, mask, adv, 1, 2, is_weight=w)
+    assert token.item() == pytest.approx(-(0.5 * math.log(0.5) + 2 * math.log(0.25)) / 2)
+    # weights of 1 change nothing
+    ones = torch.ones(1, 2)
+    for spec in (LossSpec("grpo"), LossSpec("kimi"), LossSpec("kimi_token")):
+        assert policy_loss(spec, logp, old - 0.1, mask, adv, 1, 2, is_weight=ones).item() == pytest.approx(
+            policy_loss(spec, logp, old - 0.1, mask, adv, 1, 2).item())

@@ -36,8 +36,15 @@ def _to_cpu_device(device: Any) -> Any:
     return device
 
 
+def _as_cuda_type_name(name: str) -> str:
+    """'torch.BFloat16Tensor' -> 'torch.cuda.BFloat16Tensor': the mixed-precision optimizer picks which
+    parameters get an fp32 main copy by comparing `param.type()` with the CUDA names only."""
+    return name.replace("torch.", "torch.cuda.", 1) if name.startswith("torch.") and ".cuda." not in name else name
+
+
 class _CudaToCpu(TorchFunctionMode):
-    """Rewrites `device="cuda"` (or an int device index) in tensor factories and `.to()`/`.cuda()` calls."""
+    """Rewrites `device="cuda"` (or an int device index) in tensor factories and `.to()`/`.cuda()` calls, and
+    reports CPU tensors' `.type()` under their CUDA names."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -45,6 +52,8 @@ class _CudaToCpu(TorchFunctionMode):
             kwargs["device"] = _to_cpu_device(kwargs["device"])
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _as_cuda_type_name(func(*args))
         if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.dtype, torch.Tensor)):
             args = (args[0], _to_cpu_device(args[1]), *args[2:])
         return func(*args, **kwargs)
@@ -130,7 +139,8 @@ def enable_cpu_compat() -> None:
     _patch(tdist, "all_to_all_single", _all_to_all_single_with_list_splits(tdist.all_to_all_single),
            "MoE alltoall passes split sizes as CPU tensors; gloo's binding accepts only sequences of ints")
     _CudaToCpu().__enter__()  # process-wide: literal device='cuda' in optimizer, schedules, clip_grads
-    _PATCHES.append(("TorchFunctionMode", "rewrites literal device='cuda' to cpu (about 15 us per call)"))
+    _PATCHES.append(("TorchFunctionMode", "rewrites literal device='cuda' to cpu (about 15 us per call); "
+                                          "Tensor.type() answers CUDA names (bf16/fp16 optimizer's type checks)"))
 
 
 @contextlib.contextmanager

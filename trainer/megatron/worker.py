@@ -14,7 +14,7 @@ import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import advantages, kl_estimate, masked_reference, policy_loss
+from trainer.losses import advantages, kl_estimate, masked_reference, policy_loss, tis_weights
 from trainer.sampling import token_logprobs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,6 +74,11 @@ class MegatronWorker:
 
         module = build_gpt(self.hf_config, self.config, pre_process=self.ps.is_pipeline_first_stage(),
                            post_process=self.ps.is_pipeline_last_stage())
+        if self.dtype != torch.float32:
+            # What Megatron's Float16Module does (without renaming every parameter `module.*`): the norms too,
+            # so every parameter gets an fp32 main copy in the mixed-precision optimizer. Inputs are token
+            # ids, and log-probs are computed in fp32 from the half-precision logits (as vLLM's sampler does).
+            module = module.to(self.dtype)
         return module.cuda() if self.spec.trainer.device == "cuda" else module
 
     def _build_reference(self):
@@ -161,6 +166,7 @@ class MegatronWorker:
             mask = torch.zeros(b, seq_len)
             old = torch.zeros(b, seq_len)
             ref = torch.zeros(b, seq_len)
+            behaviour = torch.zeros(b, seq_len)
             for row, i in enumerate(chosen):
                 s = seqs[i]
                 full = s.prompt_ids + s.completion_ids
@@ -173,8 +179,10 @@ class MegatronWorker:
                     old[row, p - 1:p - 1 + c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
                 if s.ref_logprobs:
                     ref[row, p - 1:p - 1 + c] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+                if s.rollout_logprobs:
+                    behaviour[row, p - 1:p - 1 + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            position_ids=torch.arange(seq_len).unsqueeze(0).expand(b, -1),
+                            rollout=behaviour, position_ids=torch.arange(seq_len).unsqueeze(0).expand(b, -1),
                             adv=None if adv is None else adv[chosen]))
         return mbs
 
@@ -235,6 +243,9 @@ class MegatronWorker:
         if mode == "rl" and self.reference is not None and any(len(s.ref_logprobs) != len(s.completion_ids)
                                                                for s in seqs):
             raise ValueError("trainer.kl is on: every sequence needs the reference's log-probs (ref_logprobs)")
+        if mode == "rl" and batch.tis_cap is not None and any(len(s.rollout_logprobs) != len(s.completion_ids)
+                                                              for s in seqs):
+            raise ValueError("truncated importance sampling needs every sequence's rollout_logprobs")
         dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
         order = list(range(len(seqs))) if shuffle_seed is None else \
@@ -242,7 +253,7 @@ class MegatronWorker:
         stats, grad_norms = torch.zeros(4), []
         for lo, hi in zip(bounds, bounds[1:]):
             chunk = order[lo:hi]
-            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist)
+            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist, batch.tis_cap)
             stats += step_stats
             grad_norms.append(grad_norm)
         total_tokens = float(sum(len(s.completion_ids) for s in seqs))
@@ -252,7 +263,7 @@ class MegatronWorker:
                 "reporting": self._reporting_rank()}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
-                        mode: str, dist: TokenDistribution) -> tuple[torch.Tensor, float]:
+                        mode: str, dist: TokenDistribution, tis_cap: float | None) -> tuple[torch.Tensor, float]:
         dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
         n_seqs, n_tokens = len(chunk), sum(len(seqs[i].completion_ids) for i in chunk)
         mbs = self._micro_batches(seqs, chunk[r::dp], adv, seq_len)
@@ -270,7 +281,9 @@ class MegatronWorker:
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
             else:
                 ref = mb["ref"].to(logp.device) if self.reference is not None else None
-                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens, ref)
+                w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
+                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens, ref,
+                                   is_weight=w)
                 sq = (((logp - old) ** 2) * mask).sum()
                 if ref is not None:
                     ref = masked_reference(logp, ref, mask)
@@ -443,7 +456,7 @@ class MegatronWorker:
         h = hashlib.sha256()
         for name, p in sorted(self.module.named_parameters()):
             h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
     def shutdown(self) -> None:
