@@ -10,7 +10,8 @@ from rich.table import Table
 
 from orchestrator.rundir import RunDir
 
-PHASE_ORDER = ["warmup", "compile", "rollout", "reward", "old_logprobs", "reference", "train", "publish", "sync", "checkpoint"]
+PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "reward",
+               "old_logprobs", "reference", "train", "publish", "sync", "eval", "checkpoint"]
 
 
 def phase_table(timings: list[dict]) -> list[dict]:
@@ -63,19 +64,40 @@ def plot_run(timings: list[dict], metrics: list[dict], out: Path, title: str) ->
         vals = [per[(i, p)] for i in its]
         ax1.bar(its, vals, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    _clip_outliers(ax1, its, bottom)
     ax1.set_ylabel("seconds")
-    ax1.set_title(f"{title}: time per phase per iteration")
+    ax1.set_title(f"{title}: time per phase per iteration (start-up and warm start: see the table)")
     ax1.legend(loc="upper right", fontsize=8, ncol=3)
     key = next((k for k in ("reward_mean", "episode_return_mean") if metrics and k in metrics[0]), None)
     if key:
-        ax2.plot([m["iteration"] for m in metrics], [m[key] for m in metrics], marker="o")
+        ax2.plot([m["iteration"] for m in metrics], [m[key] for m in metrics], marker="o", label=key)
         ax2.set_ylabel(key)
         if "accuracy" in metrics[0]:
             ax2.plot([m["iteration"] for m in metrics], [m["accuracy"] for m in metrics], marker=".", alpha=0.6,
                      label="accuracy")
+        evals = [m for m in metrics if "eval/pass@1" in m]
+        if evals:
+            ax2.plot([m["iteration"] for m in evals], [m["eval/pass@1"] for m in evals], marker="s",
+                     label="eval pass@1 (greedy)")
+        if "accuracy" in metrics[0] or evals:
             ax2.legend(loc="lower right", fontsize=8)
     ax2.set_xlabel("iteration")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _clip_outliers(ax, iterations: list[int], totals: list[float], factor: float = 3.0) -> None:
+    """Iterations far above the median (the first one carries the engines' first-use warm-up) would flatten
+    every other bar: the axis stops at `factor` x the median and those bars are labelled with their total."""
+    if not totals:
+        return
+    cap = factor * statistics.median(totals)
+    if max(totals) <= cap or cap <= 0:
+        return
+    ax.set_ylim(0, cap * 1.08)
+    for it, total in zip(iterations, totals):
+        if total > cap:
+            ax.annotate(f"\u2191 {total:.1f} s", (it, cap), textcoords="offset points", xytext=(0, 2), ha="center",
+                        fontsize=7)

@@ -6,6 +6,7 @@ Layout:
     RUN_DIR/metrics.jsonl      one record per iteration: iteration, reward_mean, logprob_gap, ...
     RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
     RUN_DIR/final.json         the last iteration and the trainer's parameter digests (LLM runs)
+    RUN_DIR/tb/                TensorBoard event files: the metrics and `time/<phase>` per iteration
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from orchestrator.tensorboard_log import TensorBoardLog
 
 CKPT_PREFIX = "iter_"
 RUN_STATE_FILE = "run_state.json"
@@ -67,6 +70,20 @@ class RunDir:
         self.path = Path(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
+        self._tb: TensorBoardLog | None = None
+        self._tb_purge_step: int | None = None
+
+    @property
+    def tensorboard(self) -> TensorBoardLog:
+        """Opened on first use, so that reading a run directory (inspect, tests) writes nothing."""
+        if self._tb is None:
+            self._tb = TensorBoardLog(self.path / "tb", purge_step=self._tb_purge_step)
+        return self._tb
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     @property
     def name(self) -> str:
@@ -108,12 +125,18 @@ class RunDir:
         start = time.time()
         t0 = time.perf_counter()
         yield extra
-        rec = PhaseRecord(iteration, name, start, time.perf_counter() - t0, extra.get("bytes"))
+        self.record_phase(PhaseRecord(iteration, name, start, time.perf_counter() - t0, extra.get("bytes")))
+
+    def record_phase(self, rec: PhaseRecord) -> None:
+        """A phase timed elsewhere (start-up, measured before the run directory was truncated for a resume)."""
         _append_jsonl(self.timings_file, rec.as_dict())
+        self.tensorboard.scalars(rec.iteration, {rec.phase: rec.seconds}, prefix="time/")
 
     def log_metrics(self, record: dict) -> None:
         assert "iteration" in record
         _append_jsonl(self.metrics_file, record)
+        self.tensorboard.scalars(record["iteration"], record)
+        self.tensorboard.flush()
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_file)
@@ -123,7 +146,8 @@ class RunDir:
 
     def truncate_after(self, iteration: int) -> None:
         """Drop records of iterations > `iteration` (work done after the checkpoint a resume starts from),
-        so that no iteration is recorded twice."""
+        so that no iteration is recorded twice (TensorBoard: events from iteration + 1 on are purged)."""
+        self._tb_purge_step = iteration + 1
         for f in (self.metrics_file, self.timings_file):
             kept = [r for r in read_jsonl(f) if r["iteration"] <= iteration]
             tmp = f.with_suffix(".tmp")

@@ -68,3 +68,49 @@ def test_logprob_gap_guard_names_the_limit():
         check_logprob_gap(3, 2e-3, 1e-4)
     with pytest.raises(LogprobGapError):
         check_logprob_gap(3, math.nan, 1e-4)
+
+
+def _scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_metrics_and_phase_times_reach_tensorboard(tmp_path):
+    run = RunDir(tmp_path / "r")
+    for it in (1, 2):
+        with run.phase(it, "rollout"):
+            pass
+        run.log_metrics({"iteration": it, "reward_mean": 0.25 * it, "note": "text", "nan": float("nan")})
+    run.close()
+    got = _scalars(tmp_path / "r" / "tb")
+    assert got["reward_mean"] == [(1, 0.25), (2, 0.5)]
+    assert [step for step, _ in got["time/rollout"]] == [1, 2] and all(v >= 0 for _, v in got["time/rollout"])
+    assert "note" not in got and "nan" not in got and "iteration" not in got
+
+
+def test_resumed_run_does_not_draw_redone_iterations_twice(tmp_path):
+    run = RunDir(tmp_path / "r")
+    for it in (1, 2, 3):
+        run.log_metrics({"iteration": it, "reward_mean": float(it)})
+    run.close()
+    resumed = RunDir(tmp_path / "r")
+    resumed.truncate_after(1)  # the checkpoint was at iteration 1: 2 and 3 are run again
+    for it in (2, 3):
+        resumed.log_metrics({"iteration": it, "reward_mean": 10.0 * it})
+    resumed.close()
+    assert _scalars(tmp_path / "r" / "tb")["reward_mean"] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+def test_start_up_rows_lead_the_phase_table():
+    import pytest
+
+    timings = [{"iteration": 1, "phase": "rollout", "seconds": 1.0},
+               {"iteration": 0, "phase": "warmup", "seconds": 2.0},
+               {"iteration": 0, "phase": "startup/engines", "seconds": 3.0},
+               {"iteration": 0, "phase": "startup/ray", "seconds": 4.0}]
+    rows = phase_table(timings)
+    assert [r["phase"] for r in rows] == ["startup/ray", "startup/engines", "warmup", "rollout"]
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
