@@ -61,7 +61,7 @@ def materialize_whole(manifest: Manifest, out_dir: str | Path) -> Path:
     from safetensors.torch import save_file
 
     from .checksum import checksum_file
-    from .writer import finalize_manifest
+    from .writer import finalize_manifest, rename_into_place
 
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
@@ -81,8 +81,4 @@ def materialize_whole(manifest: Manifest, out_dir: str | Path) -> Path:
                                          tensors=tuple(TensorRecord(n, dtype, tuple(t.shape)) for n, t in tensors.items()))],
                      aux_files=manifest.aux_files, tp_size=1)
     finalize_manifest(whole)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    whole.directory = str(out_dir)
-    whole.save()
-    return out_dir
+    return rename_into_place(whole, tmp, out_dir)

@@ -241,6 +241,17 @@ def copy_aux_files(src_dir: str | Path, out_dir: str | Path) -> list[str]:
     return copied
 
 
+def rename_into_place(manifest: Manifest, staging: str | Path, out_dir: str | Path) -> Path:
+    """Replace `out_dir` by the complete directory `staging` (its manifest already finalized) and record the
+    new location in the manifest: a reader of `out_dir` never sees a partial directory."""
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    Path(staging).rename(out_dir)
+    manifest.directory = str(out_dir)
+    manifest.save()
+    return out_dir
+
+
 def finalize_manifest(manifest: Manifest) -> Path:
     """Write the HF index (when every tensor is whole, the directory then loads with from_pretrained and
     vLLM as is) and, last, the manifest itself: its presence marks the iteration complete."""

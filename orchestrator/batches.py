@@ -29,6 +29,6 @@ def attach_reference_logprobs(batch: TrainBatch, ref_logprobs: list[list[float]]
 
 def samples_batch(samples: Samples, sampling: TokenDistribution) -> TrainBatch:
     """Samples drawn from `sampling`, with their rollout log-probs and rewards; samples of one prompt form
-    one group."""
+    one group. Samples without a reward (every reward function skipped them) are left out."""
     return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=s.logprobs, reward=s.reward,
-                                     group=s.prompt_index) for s in samples], sampling)
+                                     group=s.prompt_index) for s in samples if s.reward is not None], sampling)

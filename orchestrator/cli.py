@@ -1,4 +1,4 @@
-"""`tide run CONFIG`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`."""
+"""`tide run CONFIG`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`, `tide export RUN_DIR OUT`."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +9,7 @@ import typer
 
 from orchestrator.config import ConfigError, TideConfig, dump_config, load_config
 from orchestrator.rundir import RunDir
+from rollout.tasks import TaskDataError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine.")
@@ -20,20 +21,23 @@ def _fail(msg: str, code: int) -> None:
 
 
 def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
-    if cfg.engine == "jax":
-        from orchestrator.jax_loop import run_jax
-
-        run.config_file.write_text(dump_config(cfg))
-        run_jax(cfg, run, resume)
-        return
-    from orchestrator.loop import run_iterations
-    from orchestrator.session import Session
-
-    session = Session.open(cfg, run, resume)
     try:
-        run_iterations(session)
+        if cfg.engine == "jax":
+            from orchestrator.jax_loop import run_jax
+
+            run.config_file.write_text(dump_config(cfg))
+            run_jax(cfg, run, resume)
+            return
+        from orchestrator.loop import run_iterations
+        from orchestrator.session import Session
+
+        session = Session.open(cfg, run, resume)
+        try:
+            run_iterations(session)
+        finally:
+            session.close()
     finally:
-        session.close()
+        run.close()
 
 
 @app.command()
@@ -88,11 +92,32 @@ def inspect(run_dir: Path = typer.Argument(..., help="a run directory"),
     inspect_run(RunDir(run_dir), plot=plot)
 
 
+@app.command()
+def export(run_dir: Path = typer.Argument(..., help="a run directory"),
+           out: Path = typer.Argument(..., help="the Hugging Face directory to write"),
+           iteration: Optional[int] = typer.Option(None, "--iteration", help="a kept checkpoint (default: newest)"),
+           ) -> None:
+    """Write a kept checkpoint as a Hugging Face model directory (safetensors, config, tokenizer), from any
+    trainer layout, in this process: no Ray, no vLLM. A finished run already holds its last iteration in
+    RUN_DIR/hf."""
+    from orchestrator.export import export_checkpoint
+
+    if not (run_dir / "config.yaml").is_file():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
+    try:
+        written = export_checkpoint(RunDir(run_dir), out, iteration)
+    except FileNotFoundError as e:
+        _fail(f"error: {e}", 2)
+    typer.echo(f"wrote {written}")
+
+
 def _guarded(fn) -> None:
     try:
         fn()
     except KeyboardInterrupt:
         _fail("interrupted; `tide resume` continues from the newest checkpoint", 130)
+    except (ConfigError, TaskDataError) as e:  # found at start-up, before anything ran
+        _fail(str(e), 2)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         _fail(f"error: {type(e).__name__}: {e}", 1)
 

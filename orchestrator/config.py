@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ckpt_transfer.config import PublishConfig, WeightTransferConfig
+from orchestrator.model_source import looks_local
+from orchestrator.reward_functions import RewardSpec
 from rollout.config import RolloutConfig, TaskConfig
 from trainer.config import TrainerConfig
 from trainer.jax.config import JaxConfig
@@ -35,6 +37,24 @@ class ModelConfig(Strict):
     path: str | None = None  # an HF directory (or hub id where a hub is reachable); None builds `tiny`
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # How chat-message prompts are rendered (orchestrator/prompts.py): auto (the tokenizer's template), none, or
+    # a .jinja file
+    chat_template: str = "auto"
+    system_prompt: str | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file_exists(cls, value: str) -> str:
+        if value not in ("auto", "none") and not Path(value).expanduser().is_file():
+            raise ValueError(f"'auto', 'none' or the path of a .jinja file; no such file {value!r}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _local_path_exists(cls, path: str | None) -> str | None:
+        if path is not None and looks_local(path) and not Path(path).expanduser().exists():
+            raise ValueError(f"no such directory {path!r} (a hub id looks like 'org/name')")
+        return path
 
 
 class SandboxSection(Strict):
@@ -42,6 +62,17 @@ class SandboxSection(Strict):
 
     url: str | None = None
     state_dir: str = "/run/tide-sandbox-run"
+
+
+class EvalConfig(Strict):
+    """The eval phase on held-out problems (orchestrator/evaluation.py): greedy pass@1, unbiased pass@k for k in
+    {1, n_samples} at `temperature`, mean reward; every `every` iterations (0: never)."""
+
+    every: int = Field(0, ge=0)
+    prompts: int = Field(64, gt=0)
+    n_samples: int = Field(4, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int | None = Field(None, gt=0)  # None: rollout.max_new_tokens
 
 
 class TideConfig(Strict):
@@ -61,6 +92,10 @@ class TideConfig(Strict):
     publish: PublishConfig = PublishConfig()
     transfer: WeightTransferConfig = WeightTransferConfig()
     sandbox: SandboxSection = SandboxSection()
+    eval: EvalConfig = EvalConfig()
+    # Reward functions replacing the task's scorer (orchestrator/reward_functions.py); empty: the task's own
+    rewards: list[RewardSpec] = []
+    reward_timeout_s: float = Field(60.0, gt=0)
     jax: JaxConfig | None = None
 
     @model_validator(mode="after")
@@ -87,7 +122,8 @@ class TideConfig(Strict):
 
 
 # Sections that configure the LLM loop (engine: megatron) and mean nothing to the JAX engine.
-LLM_SECTIONS = frozenset({"ray", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox"})
+LLM_SECTIONS = frozenset({"ray", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox",
+                          "eval", "rewards", "reward_timeout_s"})
 
 
 class ConfigError(Exception):

@@ -1,11 +1,13 @@
 """One RL iteration after another: rollout -> reward -> [old / reference log-probs] -> train -> publish -> sync
-(-> checkpoint)."""
+(-> eval) (-> checkpoint)."""
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ckpt_transfer.export import export_hf
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
+from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.logprob_check import check_logprob_gap, logprob_gap
 from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
 from orchestrator.rewards import score_samples
@@ -22,6 +24,8 @@ def run_iterations(s: Session) -> None:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         bar = progress.add_task(cfg.name, total=cfg.iterations, completed=s.start_iteration)
+        manifest = None
+        held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
             problems = s.task.problems(cfg.seed, it, r.prompts_per_iteration)
             with run.phase(it, "rollout"):
@@ -29,7 +33,7 @@ def run_iterations(s: Session) -> None:
                 samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling,
                                              sampling_seed(cfg.seed, it))
             with run.phase(it, "reward"):
-                reward = score_samples(s.task, problems, samples, t.length_penalty)
+                reward = score_samples(s.task, problems, samples, t.length_penalty, s.reward_functions)
             batch = samples_batch(samples, s.sampling)
             if r.mismatch_correction == "tis":
                 with run.phase(it, "old_logprobs"):
@@ -50,15 +54,19 @@ def run_iterations(s: Session) -> None:
                 delivery = s.sync(manifest)
                 gap = logprob_gap(s.trainer, s.rollout, s.probe, r.max_new_tokens, s.sampling, cfg.seed)
                 rec["bytes"] = manifest.nbytes
+            evaluation = {}
+            if cfg.eval.every and it % cfg.eval.every == 0:
+                with run.phase(it, "eval"):
+                    progress.update(bar, description=f"{cfg.name} · eval")
+                    evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, r.max_new_tokens,
+                                          sampling_seed(cfg.seed + EVAL_STREAM, it))
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
                              "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
                              **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), **tis_metrics(batch),
-                             "samples": len(samples),
-                             **moved})
-            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  acc {reward['accuracy']:.3f}  "
-                        f"loss {train['loss']:+.4f}  gap {gap:.2e}")
+                             "samples": len(samples), **evaluation, **moved})
+            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  loss {train['loss']:+.4f}  gap {gap:.2e}")
             check_logprob_gap(it, gap, r.logprob_gap_bound(cfg.model.dtype))
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
@@ -66,3 +74,5 @@ def run_iterations(s: Session) -> None:
                     save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints)
             progress.update(bar, advance=1, description=cfg.name)
     run.write_final(cfg.iterations, s.trainer.parameter_digests())
+    # the weights the engines served last, outside shared memory (published again if no iteration ran here)
+    export_hf(manifest or s.publish(cfg.iterations), run.path / "hf")

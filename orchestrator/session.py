@@ -7,7 +7,9 @@ is the trainer writing into the weight-sync's staging directory, a sync is the w
 engines' nodes and the engines loading it."""
 from __future__ import annotations
 
-from contextlib import ExitStack
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -16,11 +18,13 @@ from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
 from orchestrator.checkpointing import restore_checkpoint
 from orchestrator.cluster import connect
 from orchestrator.batches import behaviour_distribution
-from orchestrator.config import TideConfig, dump_config
+from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import probe_problems
 from orchestrator.model_source import resolve_model_dir
+from orchestrator.prompts import PromptRenderer, RenderedTask
+from orchestrator.reward_functions import RewardFunctionError, RewardFunctions
 from orchestrator.rollout_group import RolloutGroup
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup
 from orchestrator.warmup import warm_start
 from rollout.tasks import Problem, Task, make_task
@@ -39,6 +43,7 @@ class Session:
     trainer: TrainerGroup
     weights: WeightSync
     probe: list[Problem]  # the fixed prompts of the log-prob check
+    reward_functions: RewardFunctions | None = None  # `rewards:`; None: the task scores
     rollout: RolloutGroup | None = None
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
@@ -59,20 +64,34 @@ class Session:
             task = make_task(cfg.task, sandbox_url=sandbox_url)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            task = RenderedTask(task, PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt))
+            task.problems(cfg.seed, 1, 1)  # a prompt the template cannot render stops the run here
+            reward_functions = None
+            if cfg.rewards:
+                try:
+                    reward_functions = RewardFunctions(cfg.rewards, cfg.reward_timeout_s)
+                except RewardFunctionError as e:  # not importable, wrong signature: a config error
+                    raise ConfigError(f"rewards: {e}") from None
+                stack.callback(reward_functions.close)
             run.config_file.write_text(dump_config(cfg))
             ray = cfg.ray
-            stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
+            startup = _StartupClock()
+            with startup("startup/ray"):
+                stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
-            trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
-                                               deterministic=cfg.deterministic, dtype=cfg.model.dtype))
+            with startup("startup/trainer"):
+                trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
+                                                   deterministic=cfg.deterministic, dtype=cfg.model.dtype))
             stack.callback(trainer.shutdown)
             weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace)
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
-            session = cls(cfg, run, task, tokenizer, trainer, weights, probe)
-            session._start_engines(model_dir, resume)
+            session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions)
+            session._start_engines(model_dir, resume, startup)
             stack.callback(session.rollout.shutdown)
+            for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
+                run.record_phase(rec)
             run.set_status(engine_pids=session.rollout.engine_pids())
             session._teardown = stack.pop_all()
             return session
@@ -82,7 +101,7 @@ class Session:
         """What the engines sample from and the trainer recomputes."""
         return behaviour_distribution(self.cfg.rollout)
 
-    def _start_engines(self, model_dir: str, resume: bool) -> None:
+    def _start_engines(self, model_dir: str, resume: bool, startup: "_StartupClock") -> None:
         """Restore or warm-start the trainer, then start the engines on exactly its current weights: the base
         model, or a publish of the warmed-up model or of the checkpoint a resume starts from."""
         cfg, run = self.cfg, self.run
@@ -99,8 +118,9 @@ class Session:
         dirs = [model_dir] * cfg.rollout.engines
         if restored is not None or cfg.trainer.warmup_sft_steps > 0:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration))
-        self.rollout = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
-                                    deterministic=cfg.deterministic)
+        with startup("startup/engines"):
+            self.rollout = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
+                                        deterministic=cfg.deterministic)
 
     def publish(self, iteration: int) -> Manifest:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""
@@ -123,3 +143,20 @@ class Session:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
         and remove the run's shared memory."""
         self._teardown.close()
+
+
+class _StartupClock:
+    """Times the start-up steps (Ray, trainer ranks, engines); recorded as phases of the iteration the run
+    starts from once the run directory is ready for them."""
+
+    def __init__(self) -> None:
+        self._done: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start, t0 = time.time(), time.perf_counter()
+        yield
+        self._done.append((name, start, time.perf_counter() - t0))
+
+    def records(self, iteration: int) -> list[PhaseRecord]:
+        return [PhaseRecord(iteration, name, start, seconds) for name, start, seconds in self._done]

@@ -3,6 +3,7 @@
 (`RolloutConfig`), and the YAML `task:` section (`TaskConfig`). Pydantic only: no vLLM import."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -69,16 +70,31 @@ class RolloutConfig(EngineConfig):
 DEFAULT_LOGPROB_GAP = {"float32": 1e-4, "bfloat16": 3e-2}
 
 
+DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
 class TaskConfig(_Strict):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "reverse", "jsonl", "code"] = "addition"
-    path: str | None = None  # for `jsonl`: lines of {"prompt": ..., "answer": ...}
+    name: Literal["addition", "reverse", "jsonl", "dataset", "code"] = "addition"
+    # jsonl: lines of {"prompt": ..., "answer": ...}; dataset: a local .jsonl, .json, .parquet or .csv file
+    path: str | None = None
+    prompt_field: str = "prompt"  # dataset: a string, or a list of chat messages {role, content}
+    answer_field: str = "answer"  # dataset: the reference answer; every other column reaches the scorer
+    eval_path: str | None = None  # dataset: held-out rows for the eval phase (same fields)
     max_digits: int = Field(2, gt=0)  # addition operand size
     length: int = Field(3, gt=0)  # reverse: string length
 
     @model_validator(mode="after")
-    def _jsonl_needs_path(self) -> "TaskConfig":
-        if self.name == "jsonl" and not self.path:
-            raise ValueError("task.path is required when task.name is 'jsonl'")
+    def _files_exist(self) -> "TaskConfig":
+        if self.name in ("jsonl", "dataset") and not self.path:
+            raise ValueError(f"task.path is required when task.name is {self.name!r}")
+        for field_name in ("path", "eval_path"):
+            value = getattr(self, field_name)
+            if value is None or self.name not in ("jsonl", "dataset"):
+                continue
+            if not Path(value).expanduser().is_file():
+                raise ValueError(f"task.{field_name}: no such file {value!r}")
+            if self.name == "dataset" and Path(value).suffix not in DATASET_FORMATS:
+                raise ValueError(f"task.{field_name}: {value!r} is not one of {', '.join(DATASET_FORMATS)}")
         return self

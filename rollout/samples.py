@@ -13,7 +13,7 @@ class Sample:
     logprobs: list[float]  # rollout policy log-prob of each completion token
     text: str = ""
     answer: str = ""  # the task's reference answer (or a test spec) the verifier reads
-    reward: float = 0.0
+    reward: float | None = 0.0  # None: no reward function applied (the sample is left out of training)
     finish_reason: str = ""
 
 
@@ -28,7 +28,7 @@ class Samples:
         return iter(self.items)
 
     @property
-    def rewards(self) -> list[float]:
+    def rewards(self) -> list[float | None]:
         return [s.reward for s in self.items]
 
     def groups(self) -> dict[int, list[Sample]]:

@@ -22,7 +22,12 @@ apt_install() {
   fi
 }
 
-if [ -f "$STAMP" ]; then log "up to date ($VENV)"; exit 0; fi
+# Data the shipped configs read, generated here (never downloaded, never committed).
+generated_data() {
+  [ -f data/chat_arith/eval.jsonl ] || "$VENV/bin/python" scripts/make_chat_dataset.py >/dev/null
+}
+
+if [ -f "$STAMP" ]; then generated_data; log "up to date ($VENV)"; exit 0; fi
 
 # libibverbs1: Mooncake's transfer engine links it even for TCP. crun/runc/bubblewrap: code sandbox.
 apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static iproute2
@@ -52,5 +57,6 @@ from transformers import Qwen2ForCausalLM  # fails if a CUDA torchvision is pres
 assert "+cpu" in torch.__version__ or torch.cuda.is_available(), torch.__version__
 print("torch", torch.__version__, "vllm", vllm.__version__, "ray", ray.__version__, "transformers", transformers.__version__)
 PY
+generated_data
 touch "$STAMP"
 log "done"

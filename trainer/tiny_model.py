@@ -13,6 +13,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 EOS = "<|endoftext|>"
+# A minimal chat format for the tiny models, so that message prompts run through the real chat-template path;
+# a turn ends with the end-of-sequence token.
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+                      "{% if m['role'] == 'assistant' %}" + EOS + "{% endif %}{{ '\\n' }}{% endfor %}"
+                      "{% if add_generation_prompt %}assistant: {% endif %}")
+TINY_FORMAT_VERSION = 2  # part of the cache key: bump when the directory's contents change (2: chat template)
 
 
 class TinyModelConfig(BaseModel):
@@ -51,6 +57,7 @@ def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):
     )
     tok.train_from_iterator(corpus.splitlines(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=None)
+    fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
 
@@ -63,7 +70,7 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = T
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config
 
     out_dir = Path(out_dir)
-    key = hashlib.sha256(json.dumps([spec.model_dump(), corpus, seed]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([spec.model_dump(), corpus, seed, TINY_FORMAT_VERSION]).encode()).hexdigest()[:16]
     stamp = out_dir / ".tide-tiny"
     if stamp.exists() and stamp.read_text() == key:
         return out_dir

@@ -19,6 +19,11 @@ def make_task(cfg: TaskConfig, sandbox_url: str | None = None) -> Task:
         return ReverseTask(length=cfg.length)
     if cfg.name == "jsonl":
         return JsonlTask(path=cfg.path)
+    if cfg.name == "dataset":
+        from .dataset import DatasetTask  # imports the datasets library
+
+        return DatasetTask(path=cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                           eval_path=cfg.eval_path)
     if cfg.name == "code":
         from .code import CodeTask  # needs the sandbox client
 

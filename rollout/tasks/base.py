@@ -5,15 +5,17 @@ the prompts an uninterrupted one would, and scores completions with a verifier r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
 class Problem:
     task_id: str
-    prompt: str
+    prompt: str  # the text the engines continue (for chat messages: their rendering by the chat template)
     answer: str  # reference answer, or a JSON test spec for coding tasks
+    messages: tuple[dict, ...] = ()  # a chat-format prompt ({role, content} each), rendered into `prompt`
+    columns: dict[str, Any] = field(default_factory=dict, compare=False)  # a dataset row's other fields
 
 
 @runtime_checkable

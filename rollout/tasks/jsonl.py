@@ -35,16 +35,13 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     return problems
 
 
-@dataclass
-class JsonlTask:
-    path: str
-    name: str = "jsonl"
-    _problems: list[Problem] = field(default_factory=list, repr=False)
-    _order_key: tuple[int, int] | None = field(default=None, repr=False)
-    _order: list[int] = field(default_factory=list, repr=False)
+class ShuffledProblems:
+    """A fixed list of problems handed out through an epoch-wise shuffled cursor (a pure function of the seed and
+    the iteration, so a resumed run sees the prompts an uninterrupted one would)."""
 
-    def __post_init__(self) -> None:
-        self._problems = load_jsonl(self.path)
+    _problems: list[Problem]
+    _order_key: tuple[int, int] | None = None
+    _order: list[int] = []
 
     def problems(self, seed: int, iteration: int, n: int) -> list[Problem]:
         """Epoch-wise shuffled cursor: iteration i takes items [i*n, (i+1)*n) of the shuffled stream (each
@@ -62,12 +59,25 @@ class JsonlTask:
             self._order_key, self._order = (seed, epoch), order
         return self._order
 
+    def sft_problems(self, seed: int, n: int) -> list[Problem]:
+        rng = random.Random(seed)
+        return [rng.choice(self._problems) for _ in range(n)]
+
+    def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
+        return [(p.prompt, p.answer) for p in self.sft_problems(seed, n)]
+
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
         return [numeric_match(c, p.answer) for p, c in zip(problems, completions)]
 
     def corpus(self) -> str:
-        return "\n".join(p.prompt + p.answer for p in self._problems)
+        return "\n".join(p.prompt + "".join(m["content"] for m in p.messages) + p.answer for p in self._problems)
 
-    def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
-        rng = random.Random(seed)
-        return [(p.prompt, p.answer) for p in (rng.choice(self._problems) for _ in range(n))]
+
+@dataclass
+class JsonlTask(ShuffledProblems):
+    path: str
+    name: str = "jsonl"
+    _problems: list[Problem] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._problems = load_jsonl(self.path)

@@ -1,17 +1,65 @@
 """Verifiers for math-style answers."""
 from __future__ import annotations
 
+import re
 from fractions import Fraction
+
+_HASHES = re.compile(r"####\s*([^\n]*)")
+_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 
 
 def exact_match(completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
-def numeric_match(completion: str, answer: str, rel_tol: float = 1e-6) -> float:
-    """1.0 when both parse as numbers (ints, decimals, fractions like 3/4) and agree within rel_tol."""
+def last_boxed(text: str) -> str | None:
+    r"""The contents of the last \boxed{...} (braces nested inside it kept), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = text.find("{", start)
+        if i != -1 and not text[start + len("\\boxed"):i].strip():
+            depth = 0
+            for j in range(i, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[i + 1:j]
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    r"""The final answer of a worked solution: the last \boxed{...}, else what follows the last `####`
+    (GSM8K's marker), else the last number; None when there is none. Only the last candidate counts, so
+    listing several answers gains nothing."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    marked = _HASHES.findall(text)
+    if marked:
+        return marked[-1].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def _number(text: str) -> Fraction | None:
     try:
-        got, want = Fraction(completion.strip().replace(",", "")), Fraction(answer.strip().replace(",", ""))
+        return Fraction(text.strip().replace(",", "").replace("$", ""))
     except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numeric_match(completion: str, answer: str, rel_tol: float = 1e-6) -> float:
+    """1.0 when the completion's answer (the whole completion if it is a number, else `extract_answer`'s) and
+    the reference (likewise) are numbers (ints, decimals, fractions like 3/4) within rel_tol; exact match of
+    the texts when the reference is not a number."""
+    want = _number(answer)
+    if want is None:
+        extracted = extract_answer(answer)
+        want = _number(extracted) if extracted is not None else None
+    if want is None:
         return exact_match(completion, answer)
-    return float(abs(got - want) <= rel_tol * max(abs(want), 1))
+    got = _number(completion)
+    if got is None:
+        extracted = extract_answer(completion)
+        got = _number(extracted) if extracted is not None else None
+    return float(got is not None and abs(got - want) <= rel_tol * max(abs(want), 1))

@@ -53,10 +53,12 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# The reference run also carries a reference-policy KL term and a warm-up + cosine learning-rate schedule, so that
-# the resume test covers their state (the frozen reference in the checkpoint, the rate of each iteration).
+# The reference run also carries a reference-policy KL term, a warm-up + cosine learning-rate schedule and an eval
+# phase every 2 iterations, so that the resume test covers their state (the frozen reference in the checkpoint,
+# the rate of each iteration, the eval seeds).
 REF = {"trainer__kl": {"coef": 0.05, "estimator": "k3"},
-       "trainer__lr_schedule": {"warmup_iterations": 1, "decay": "cosine", "min_lr": 2e-4}}
+       "trainer__lr_schedule": {"warmup_iterations": 1, "decay": "cosine", "min_lr": 2e-4},
+       "eval": {"every": 2, "prompts": 8, "n_samples": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,14 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
     assert metrics[-1]["kl_ref"] > 1e-6
     assert [m["lr"] for m in metrics] == pytest.approx([2e-3, 2e-4 + 1.8e-3 * 0.75, 2e-4 + 1.8e-3 * 0.25, 2e-4])
     assert (2, "checkpoint") in phases and (4, "checkpoint") in phases
+    # eval every 2 iterations: greedy pass@1, unbiased pass@1 and pass@3 from 3 samples, mean reward
+    assert {it for it, phase in phases if phase == "eval"} == {2, 4}
+    for m in metrics:
+        keys = {"eval/pass@1", "eval/sampled_pass@1", "eval/pass@3", "eval/reward_mean"}
+        assert keys <= m.keys() if m["iteration"] % 2 == 0 else not keys & m.keys()
+        if m["iteration"] % 2 == 0:
+            assert 0 <= m["eval/sampled_pass@1"] <= m["eval/pass@3"] <= 1 and 0 <= m["eval/pass@1"] <= 1
+    assert (reference_run / "tb").is_dir() and any((reference_run / "tb").iterdir())
     assert all(t["bytes"] > 0 for t in timings if t["phase"] in ("publish", "sync"))
     proc = _tide("inspect", reference_run, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -184,10 +194,19 @@ def test_restart_mode_survives_engine_kill_mid_rollout(tmp_path, address):
 
 
 def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
+    """Also a user's workload: the chat-format dataset of configs/chat_dataset.yaml through the tiny model's chat
+    template, scored by the `math` built-in and a user function (configs/chat_rewards.py)."""
     shm = f"/dev/shm/tide-test-nodes-{os.getpid()}"
-    cfg = _write(tmp_path, _config("two_nodes", address, iterations=2, save_every=2, rollout__engines=2,
-                                   transfer={"enabled": True, "rollout_shm_root": shm,
-                                             "registry_name": f"tide_test_registry_{os.getpid()}"}))
+    subprocess.run([sys.executable, "scripts/make_chat_dataset.py", "--out", str(tmp_path / "data"), "--train", "200",
+                    "--eval", "20"], cwd=ROOT, check=True, capture_output=True)
+    shipped = yaml.safe_load((ROOT / "configs" / "chat_dataset.yaml").read_text())
+    cfg = _write(tmp_path, _config(
+        "two_nodes", address, iterations=2, save_every=2, rollout__engines=2,
+        transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
+        task={**shipped["task"], "path": str(tmp_path / "data" / "train.jsonl"),
+              "eval_path": str(tmp_path / "data" / "eval.jsonl")},
+        model__chat_template="auto", model__system_prompt=shipped["model"]["system_prompt"],
+        rewards=shipped["rewards"], eval={"every": 2, "prompts": 8, "n_samples": 2}))
     try:
         proc = _tide("run", cfg, "--run-dir", tmp_path / "run")
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -196,6 +215,9 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
         for m in metrics:
             assert m["logprob_gap"] <= 1e-4
             assert m["transfer_bytes"] > 0 and m["transfer_seconds"] > 0
+            assert 0 <= m["reward/math"] <= 1 and 0 <= m["reward/answer_only"] <= 1
+            assert m["excluded"] == 0  # `math` scores every sample; answer_only skips subtractions only
+        assert "eval/pass@2" in metrics[1]
     finally:
         import shutil
 
@@ -214,3 +236,47 @@ def test_tensor_parallel_trainer_feeds_vllm_through_merged_shards(tmp_path, addr
     assert [m["iteration"] for m in metrics] == [1, 2]
     assert all(m["logprob_gap"] <= 1e-4 for m in metrics), metrics
 
+
+
+def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tmp_path, rollout_engine):
+    """RUN_DIR/hf holds the weights vLLM served last; `tide export` rebuilds them from the Megatron checkpoint
+    (no Ray, no vLLM), any kept iteration; transformers and vLLM load the export and agree on greedy tokens and
+    their log-probs (the run's probe already tied vLLM's to Megatron's within 1e-4)."""
+    import ray
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ckpt_transfer.manifest import Manifest
+    from rollout.tasks import AdditionTask
+
+    newest, earlier = tmp_path / "it4", tmp_path / "it2"
+    for args in ([newest], [earlier, "--iteration", 2]):
+        proc = _tide("export", reference_run, *args, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    refused = _tide("export", reference_run, tmp_path / "x", "--iteration", 3, timeout=120)
+    assert refused.returncode == 2 and "keeps no checkpoint of iteration 3 (kept: 2, 4)" in refused.stderr
+
+    def tensors(d: Path) -> dict:
+        return {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+    served, exported, older = tensors(reference_run / "hf"), tensors(newest), tensors(earlier)
+    assert served.keys() == exported.keys() and all(torch.equal(served[k], exported[k]) for k in served)
+    assert any(not torch.equal(served[k], older[k]) for k in served)
+
+    tok = AutoTokenizer.from_pretrained(newest)
+    model = AutoModelForCausalLM.from_pretrained(newest, dtype=torch.float32).eval()
+    problems = AdditionTask(1).problems(0, 0, 4)
+    ray.get(rollout_engine.sync.remote(Manifest.load(newest), "reload"), timeout=400)
+    samples = ray.get(rollout_engine.generate.remote(problems, 1, 4, 0.0, 0), timeout=400)
+    for p, s in zip(problems, samples):
+        ids = tok(p.prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            greedy = model.generate(ids, do_sample=False, max_new_tokens=4, pad_token_id=tok.eos_token_id)
+        assert greedy[0, ids.shape[1]:].tolist()[:len(s.completion_ids)] == s.completion_ids
+        full = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logp = model(full).logits[0, :-1].log_softmax(-1).gather(-1, full[0, 1:, None]).squeeze(-1)
+        ours = logp[len(s.prompt_ids) - 1:].tolist()
+        vllm = ray.get(rollout_engine.score_sequences.remote([s.prompt_ids], [s.completion_ids]), timeout=400)[0]
+        assert max(abs(a - b) for a, b in zip(ours, vllm)) <= 1e-4

@@ -157,3 +157,24 @@ def test_mismatch_correction_fields_are_validated():
         parse_config({**_base(), "rollout": {"mismatch_correction": "is"}})
     with pytest.raises(ConfigError, match="rollout.tis_cap"):
         parse_config({**_base(), "rollout": {"tis_cap": 0.5}})
+
+
+@pytest.mark.parametrize("path", ["/some/missing/dir", "./missing", "missing/dir/deeper", "~/missing-tide-model"])
+def test_missing_local_model_path_is_refused_by_name(path):
+    """Never sent to the hub as a repo id: a path that looks local and does not exist names model.path."""
+    with pytest.raises(ConfigError, match=r"model\.path: .*no such directory"):
+        parse_config({**_base(), "model": {"path": path}})
+
+
+def test_hub_ids_and_existing_directories_pass(tmp_path):
+    for path in ["Qwen/Qwen2.5-0.5B-Instruct", "gpt2", str(tmp_path)]:
+        assert parse_config({**_base(), "model": {"path": path}}).model.path == path
+
+
+def test_cli_exits_2_on_missing_model_path(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**_base(), "model": {"path": "/some/missing/dir"}}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "model.path" in proc.stderr and "/some/missing/dir" in proc.stderr

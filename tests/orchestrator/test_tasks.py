@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rollout.tasks import AdditionTask, JsonlTask, ReverseTask, TaskDataError, numeric_match
+from rollout.tasks import AdditionTask, JsonlTask, ReverseTask, TaskDataError
 
 
 def test_problems_are_a_pure_function_of_seed_and_iteration():
@@ -34,12 +34,6 @@ def test_jsonl_loader(tmp_path):
         JsonlTask(str(bad))
     with pytest.raises(TaskDataError, match="not found"):
         JsonlTask(str(tmp_path / "none.jsonl"))
-
-
-def test_numeric_match():
-    assert numeric_match("0.75", "3/4") == 1.0
-    assert numeric_match("1,000", "1000") == 1.0
-    assert numeric_match("abc", "1") == 0.0
 
 
 def test_jsonl_epochs_follow_the_seeded_shuffle(tmp_path):

@@ -1,6 +1,6 @@
 """The rollout engine as a Ray actor on real vLLM: sampling, log-probs against transformers, weight syncs,
-refused checkpoints and a killed engine process. One engine for the module (starts cost 30-80 s here); the
-tests run in file order and the module leaves the base weights loaded."""
+refused checkpoints and a killed engine process. One engine for the session (starts cost 30-80 s here); the
+tests run in file order from the base weights, and the module leaves them loaded."""
 from __future__ import annotations
 
 import os
@@ -34,8 +34,10 @@ def ids(samples) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def engine(rollout_engine, tiny_model_dir, tmp_path_factory):
-    yield rollout_engine
+    """The session's engine on the base weights (earlier modules may have loaded others), restored after."""
     base = publish_like(tiny_model_dir, tmp_path_factory.mktemp("base") / "0", 0)
+    get(rollout_engine.sync.remote(base, "reload"))
+    yield rollout_engine
     get(rollout_engine.sync.remote(base, "reload"))
 
 

@@ -451,6 +451,14 @@ class MegatronWorker:
             torch.cuda.set_rng_state(rng["cuda"])
         get_cuda_rng_tracker().set_states(rng["tracker"])
 
+    def load_model(self, ckpt_dir: str) -> None:
+        """The policy's parameters only (no optimizer, RNG or reference), resharded from whatever layout saved
+        them into this rank's: what `tide export` needs."""
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load({"model": self.module.sharded_state_dict()}, str(Path(ckpt_dir) / "megatron"))
+        self.module.load_state_dict(state["model"])
+
     def parameter_digest(self) -> str:
         """sha256 over this rank's parameters (names and bytes): equal digests mean equal weights."""
         h = hashlib.sha256()

@@ -1,0 +1,61 @@
+"""The eval phase (`eval.every` > 0): a fixed held-out set of the task's problems (drawn from a seed stream
+training never uses), scored after the weight sync of every `every`-th iteration:
+- `eval/pass@1`: greedy decoding, the fraction of problems solved (reward 1);
+- `eval/pass@k` for k in {1, n_samples} (`eval/sampled_pass@1`, `eval/pass@<n>`): the unbiased estimator of
+  Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374, eq. 1) from
+  n_samples completions per problem at `eval.temperature`;
+- `eval/reward_mean`: the mean reward of those sampled completions."""
+from __future__ import annotations
+
+from math import comb
+from typing import TYPE_CHECKING
+
+from orchestrator.config import EvalConfig
+from rollout.samples import Samples
+from rollout.tasks import Problem, Task
+from trainer.batch import TokenDistribution
+
+if TYPE_CHECKING:
+    from orchestrator.rollout_group import RolloutGroup
+
+EVAL_STREAM = 2 * 10**9  # offset of the held-out problems' seed from the run's (never drawn by training)
+SOLVED = 1.0  # a completion solves its problem when its task reward reaches this
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k completions drawn without replacement from n, c of them correct,
+    is correct: 1 - C(n - c, k) / C(n, k) (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def held_out_problems(task: Task, seed: int, n: int) -> list[Problem]:
+    """The task's own held-out problems (a dataset's `eval_path`), else problems from a seed stream training
+    never draws."""
+    own = getattr(task, "held_out", None)
+    problems = own(seed, n) if own else None
+    return problems if problems is not None else task.problems(seed + EVAL_STREAM, 0, n)
+
+
+def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: EvalConfig, max_new_tokens: int,
+             seed: int) -> dict[str, float]:
+    tokens = cfg.max_new_tokens or max_new_tokens
+    greedy = rollout.generate(problems, 1, tokens, TokenDistribution(temperature=0.0), seed)
+    sampled = rollout.generate(problems, cfg.n_samples, tokens, TokenDistribution(temperature=cfg.temperature),
+                               seed)
+    greedy_rewards, sampled_rewards = _rewards(task, problems, greedy), _rewards(task, problems, sampled)
+    solved = [0] * len(problems)
+    for s, r in zip(sampled, sampled_rewards):
+        solved[s.prompt_index] += r >= SOLVED
+    n = cfg.n_samples
+    out = {"eval/pass@1": sum(r >= SOLVED for r in greedy_rewards) / len(problems),
+           "eval/sampled_pass@1": sum(pass_at_k(n, c, 1) for c in solved) / len(problems),
+           "eval/reward_mean": sum(sampled_rewards) / len(sampled_rewards)}
+    if n > 1:
+        out[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in solved) / len(problems)
+    return out
+
+
+def _rewards(task: Task, problems: list[Problem], samples: Samples) -> list[float]:
+    return task.score([problems[s.prompt_index] for s in samples], [s.text for s in samples])

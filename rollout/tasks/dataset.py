@@ -1,0 +1,78 @@
+"""Users' datasets (`task.name: dataset`): a local .jsonl, .json, .parquet or .csv file read with the `datasets`
+library (never the hub), one problem per row: `prompt_field` (a string, or chat messages {role, content}),
+`answer_field`, and every other column carried to the scorer. Scored by numeric match with answer extraction
+(`verifiers.numeric_match`); the rows of `eval_path` are the eval phase's held-out problems."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import DATASET_FORMATS
+from .base import Problem
+from .jsonl import ShuffledProblems, TaskDataError
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise TaskDataError(f"task data file not found: {path}")
+    fmt = DATASET_FORMATS.get(path.suffix)
+    if fmt is None:
+        raise TaskDataError(f"{path}: unsupported format (use {', '.join(DATASET_FORMATS)})")
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
+    try:
+        data = load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as e:  # the datasets library's parse errors come in many types
+        raise TaskDataError(f"{path}: cannot be read as {fmt}: {e}") from None
+    return data.to_list()
+
+
+def problems_from_rows(rows: list[dict[str, Any]], path: str | Path, prompt_field: str,
+                       answer_field: str) -> list[Problem]:
+    if not rows:
+        raise TaskDataError(f"{path}: no rows")
+    out = []
+    for i, row in enumerate(rows, 1):
+        where = f"{path}: row {i}"
+        for name in (prompt_field, answer_field):
+            if row.get(name) is None:
+                raise TaskDataError(f"{where}: field {name!r} is missing or null (task.prompt_field / "
+                                    f"task.answer_field name the columns)")
+        prompt = row[prompt_field]
+        messages: tuple[dict, ...] = ()
+        if isinstance(prompt, list):
+            if not prompt or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                     and isinstance(m.get("content"), str) for m in prompt):
+                raise TaskDataError(f"{where}: field {prompt_field!r} must be a string or a list of "
+                                    f"{{role, content}} messages")
+            messages, prompt = tuple({"role": m["role"], "content": m["content"]} for m in prompt), ""
+        elif not isinstance(prompt, str):
+            raise TaskDataError(f"{where}: field {prompt_field!r} must be a string or a list of {{role, content}} "
+                                f"messages, not {type(prompt).__name__}")
+        columns = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
+        out.append(Problem(Path(path).stem, prompt, str(row[answer_field]), messages, columns))
+    return out
+
+
+@dataclass
+class DatasetTask(ShuffledProblems):
+    path: str
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    eval_path: str | None = None
+    name: str = "dataset"
+    _problems: list[Problem] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._problems = self._load(self.path)
+
+    def _load(self, path: str) -> list[Problem]:
+        return problems_from_rows(load_rows(path), path, self.prompt_field, self.answer_field)
+
+    def held_out(self, seed: int, n: int) -> list[Problem] | None:
+        """The first n rows of `eval_path`; None without one (the eval phase then draws from the training
+        stream's seed-disjoint problems)."""
+        return self._load(self.eval_path)[:n] if self.eval_path else None
