@@ -34,7 +34,7 @@ def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None) -> P
         raise FileNotFoundError(f"{run.path} keeps no checkpoint of iteration {iteration} (kept: "
                                 f"{', '.join(map(str, kept))})")
     # The task only supplies the built-in tiny model's corpus (its tokenizer): no sandbox is contacted.
-    task = make_task(cfg.task, sandbox_url=cfg.sandbox.url or "http://sandbox.unused")
+    task = make_task(cfg.task, sandbox_url=cfg.sandbox.url or "http://sandbox.unused", seed=cfg.seed)
     model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
     trainer = cfg.trainer.model_copy(update={"parallel": ParallelConfig(), "kl": KLConfig()})
     spec = TrainerSpec(hf_dir=model_dir, trainer=trainer, seed=cfg.seed, deterministic=cfg.deterministic,

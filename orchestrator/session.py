@@ -61,7 +61,7 @@ class Session:
                 sandbox = SandboxService.start(run.path, cfg.sandbox.state_dir)
                 stack.callback(sandbox.stop)
                 sandbox_url = sandbox.url
-            task = make_task(cfg.task, sandbox_url=sandbox_url)
+            task = make_task(cfg.task, sandbox_url=sandbox_url, seed=cfg.seed)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             task = RenderedTask(task, PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt))

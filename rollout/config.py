@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,17 +76,26 @@ DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".c
 class TaskConfig(_Strict):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "reverse", "jsonl", "dataset", "code"] = "addition"
+    name: Literal["addition", "reverse", "jsonl", "dataset", "reasoning_gym", "code"] = "addition"
     # jsonl: lines of {"prompt": ..., "answer": ...}; dataset: a local .jsonl, .json, .parquet or .csv file
     path: str | None = None
     prompt_field: str = "prompt"  # dataset: a string, or a list of chat messages {role, content}
     answer_field: str = "answer"  # dataset: the reference answer; every other column reaches the scorer
     eval_path: str | None = None  # dataset: held-out rows for the eval phase (same fields)
+    # reasoning_gym: `size` problems of reasoning-gym's `dataset`, generated with `seed` (None: the run's) and
+    # `config` (the dataset's own options)
+    dataset: str | None = None
+    size: int = Field(1000, gt=0)
+    seed: int | None = None
+    config: dict[str, Any] = {}
     max_digits: int = Field(2, gt=0)  # addition operand size
     length: int = Field(3, gt=0)  # reverse: string length
 
     @model_validator(mode="after")
     def _files_exist(self) -> "TaskConfig":
+        if self.name == "reasoning_gym" and not self.dataset:
+            raise ValueError("task.dataset (a reasoning-gym dataset name) is required when task.name is "
+                             "'reasoning_gym'")
         if self.name in ("jsonl", "dataset") and not self.path:
             raise ValueError(f"task.path is required when task.name is {self.name!r}")
         for field_name in ("path", "eval_path"):

@@ -11,8 +11,9 @@ __all__ = ["Problem", "Task", "JsonlTask", "TaskDataError", "load_jsonl", "Addit
            "exact_match", "numeric_match", "make_task"]
 
 
-def make_task(cfg: TaskConfig, sandbox_url: str | None = None) -> Task:
-    """The task the YAML `task:` section names; `sandbox_url` is where the code task's sandbox listens."""
+def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) -> Task:
+    """The task the YAML `task:` section names; `sandbox_url` is where the code task's sandbox listens; `seed`
+    the run's (reasoning-gym's generator seed unless `task.seed` sets one)."""
     if cfg.name == "addition":
         return AdditionTask(max_digits=cfg.max_digits)
     if cfg.name == "reverse":
@@ -24,6 +25,10 @@ def make_task(cfg: TaskConfig, sandbox_url: str | None = None) -> Task:
 
         return DatasetTask(path=cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
                            eval_path=cfg.eval_path)
+    if cfg.name == "reasoning_gym":
+        from .reasoning_gym_task import ReasoningGymTask  # imports reasoning_gym
+
+        return ReasoningGymTask(cfg.dataset, cfg.size, seed if cfg.seed is None else cfg.seed, dict(cfg.config))
     if cfg.name == "code":
         from .code import CodeTask  # needs the sandbox client
 

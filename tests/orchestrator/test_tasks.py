@@ -50,3 +50,27 @@ def test_jsonl_epochs_follow_the_seeded_shuffle(tmp_path):
         random.Random(hash((3, epoch)) & 0xFFFFFFFF).shuffle(order)
         assert stream[epoch * 7:(epoch + 1) * 7] == [f"q{i}" for i in order]
     assert JsonlTask(str(f)).problems(3, 5, 3) == t.problems(3, 5, 3)
+
+
+def test_reasoning_gym_problems_and_its_own_scorer():
+    from orchestrator.config import ConfigError, parse_config
+    from rollout.config import TaskConfig
+    from rollout.tasks import make_task
+
+    cfg = TaskConfig(name="reasoning_gym", dataset="basic_arithmetic", size=40,
+                     config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+                             "allow_parentheses": False, "allow_negation": False})
+    task, again = make_task(cfg, seed=5), make_task(cfg, seed=5)
+    problems = task.problems(5, 2, 6)
+    assert [p.prompt for p in problems] == [p.prompt for p in again.problems(5, 2, 6)]  # resumable
+    for p in problems:
+        a, b = p.prompt.removeprefix("Calculate ").rstrip(".").split(" + ")
+        assert p.answer == str(int(a) + int(b))
+    assert task.score(problems, [p.answer for p in problems]) == [1.0] * 6
+    assert task.score(problems, ["x"] * 6) == [0.0] * 6
+    held = task.held_out(5, 4)
+    assert len(held) == 4 and task.score(held, [p.answer for p in held]) == [1.0] * 4
+    with pytest.raises(TaskDataError, match="reasoning-gym dataset 'no_such_dataset'"):
+        make_task(TaskConfig(name="reasoning_gym", dataset="no_such_dataset"))
+    with pytest.raises(ConfigError, match="task.dataset"):
+        parse_config({"name": "t", "iterations": 1, "task": {"name": "reasoning_gym"}})
