@@ -118,7 +118,13 @@ class TideConfig(Strict):
                 raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "
                                  f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
                                  f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
+            if self.trainer.length_penalty > 0 and self.rewards:
+                raise ValueError("trainer.length_penalty shapes the task's own reward; with `rewards:` add "
+                                 "{fn: length, weight: ...} to the list instead")
         return self
+
+    def needs_sandbox(self) -> bool:
+        return self.task.name == "code" or any(r.fn == "code" for r in self.rewards)
 
 
 # Sections that configure the LLM loop (engine: megatron) and mean nothing to the JAX engine.

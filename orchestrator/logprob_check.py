@@ -5,10 +5,14 @@ the same distribution. Their mean absolute difference (worst engine) must stay w
 `rollout.max_logprob_gap`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from orchestrator.batches import samples_batch
+from orchestrator.config import ConfigError
+from orchestrator.prompts import RenderedTask
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.trainer_group import TrainerGroup
-from rollout.tasks import Problem, Task
+from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
 
 PROBE_STREAM = 10**9  # offset of the probe problems' seed from the run's (never drawn by training)
@@ -18,9 +22,12 @@ class LogprobGapError(RuntimeError):
     pass
 
 
-def probe_problems(task: Task, seed: int, n: int) -> list[Problem]:
-    """Fixed prompts, the same every iteration."""
-    return [Problem("probe", prompt, answer) for prompt, answer in task.sft_examples(seed + PROBE_STREAM, n)]
+def probe_problems(task: RenderedTask, seed: int, n: int) -> list[Problem]:
+    """Fixed prompts, the same every iteration, rendered as training's are."""
+    problems = [replace(p, task_id="probe") for p, _ in task.sft_pairs(seed + PROBE_STREAM, n)]
+    if not problems:
+        raise ConfigError("rollout.max_prompt_tokens: every probe prompt is longer than it")
+    return problems
 
 
 def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Problem], max_new_tokens: int,

@@ -27,7 +27,10 @@ def run_iterations(s: Session) -> None:
         manifest = None
         held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
-            problems = s.task.problems(cfg.seed, it, r.prompts_per_iteration)
+            problems, rendering = s.task.rendered_problems(cfg.seed, it, r.prompts_per_iteration)
+            if not problems:
+                raise RuntimeError(f"iteration {it}: all {r.prompts_per_iteration} prompts are longer than "
+                                   f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
             with run.phase(it, "rollout"):
                 progress.update(bar, description=f"{cfg.name} · rollout")
                 samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling,
@@ -65,7 +68,7 @@ def run_iterations(s: Session) -> None:
             run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
                              "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
                              **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), **tis_metrics(batch),
-                             "samples": len(samples), **evaluation, **moved})
+                             "samples": len(samples), **rendering.metrics(), **evaluation, **moved})
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  loss {train['loss']:+.4f}  gap {gap:.2e}")
             check_logprob_gap(it, gap, r.logprob_gap_bound(cfg.model.dtype))
             if it % cfg.save_every == 0 or it == cfg.iterations:

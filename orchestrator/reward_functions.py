@@ -9,13 +9,20 @@ reward and is left out of training (`None`). Functions run batched in a worker p
 driver's state, and a hung one is stopped after `reward_timeout_s`); coroutine functions are awaited there.
 
 Built-ins: `exact` (whole-string match), `numeric` (numbers with answer extraction: the last \\boxed{}, `####`
-or the last number), `math` (Hugging Face `math-verify`: symbolic equivalence of the extracted answer)."""
+or the last number), `math` (Hugging Face `math-verify`: symbolic equivalence of the extracted answer), `code`
+(the fraction of the problem's tests the completion's code passes in the sandbox: a `tests` column of
+assertions, with an optional `language` column, or an `answer` holding the JSON spec {"language", "tests"};
+None for a problem with neither), `length` (Kimi k1.5's length reward, arXiv:2501.12599 section 2.3.3: within
+each prompt's samples, lam = 0.5 - (len - min_len) / (max_len - min_len) in tokens; a sample counts as correct
+when the weighted sum of the other functions exceeds 0.5 and gets lam, an incorrect one min(0, lam); computed
+on the driver after the others, for the samples they scored)."""
 from __future__ import annotations
 
 import asyncio
 import functools
 import importlib
 import inspect
+import json
 import math
 import multiprocessing
 import os
@@ -32,7 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.tasks.verifiers import exact_match, numeric_match
 
-BUILTINS = ("exact", "numeric", "math")
+BUILTINS = ("exact", "numeric", "math", "code", "length")
+LENGTH = "length"
+CORRECT_ABOVE = 0.5  # `length`: a sample whose other rewards sum above this counts as correct
 _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?(/\d+)?")
 
 
@@ -67,6 +76,31 @@ def _math(prompts, completions, answer, **_) -> list[float]:
     return [_math_equivalent(c, a) for c, a in zip(completions, answer)]
 
 
+def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, **_) -> list[float | None]:
+    from rollout.tasks.code import score_in_sandbox
+    from sandbox.client import SandboxClient
+
+    specs = [_code_spec(answer[i], tests[i] if tests else None, language[i] if language else None)
+             for i in range(len(completions))]
+    todo = [i for i, spec in enumerate(specs) if spec is not None]
+    out: list[float | None] = [None] * len(completions)
+    client = SandboxClient(sandbox_url, token=os.environ.get("TIDE_SANDBOX_TOKEN"))
+    scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], _code_limits())
+    for i, v in zip(todo, scores):
+        out[i] = v
+    return out
+
+
+def _code_spec(answer: Any, tests: Any, language: Any) -> dict | None:
+    if tests:
+        return {"language": language or "python", "tests": list(tests)}
+    try:
+        spec = json.loads(answer) if isinstance(answer, str) else answer
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and spec.get("tests") else None
+
+
 @functools.lru_cache(maxsize=65536)
 def _math_equivalent(completion: str, reference: str) -> float:
     """math-verify's verdict (about 1 ms per pair here, so pairs are cached in the worker: samples of one prompt
@@ -90,7 +124,13 @@ def _plain_number(text: str) -> Fraction | None:
         return None
 
 
-_BUILTIN_FNS: dict[str, Callable] = {"exact": _exact, "numeric": _numeric, "math": _math}
+_BUILTIN_FNS: dict[str, Callable] = {"exact": _exact, "numeric": _numeric, "math": _math, "code": _code}
+
+
+def _code_limits():
+    from sandbox.models import Limits
+
+    return Limits(timeout_s=5.0, memory_mb=256, output_kb=64)  # the code task's own limits
 
 
 def load_reward_function(fn: str) -> Callable:
@@ -127,10 +167,11 @@ def _check_signature(label: str, func: Callable) -> None:
                                   f"is {inspect.signature(func)}")
 
 
-def _call(fn: str, prompts: list, completions: list[str], columns: dict[str, list]) -> list:
-    """In the worker process: load and call one function on the whole batch."""
+def _call(fn: str, prompts: list, completions: list[str], columns: dict[str, list], options: dict) -> list:
+    """In the worker process: load and call one function on the whole batch (`options`: a built-in's settings,
+    e.g. the sandbox's address for `code`)."""
     func = load_reward_function(fn)
-    result = func(prompts, completions, **columns)
+    result = func(prompts, completions, **columns, **options)
     if inspect.isawaitable(result):
         result = asyncio.run(_await(result))
     return list(result) if isinstance(result, (list, tuple)) else result
@@ -153,16 +194,25 @@ class ScoredBatch:
 class RewardFunctions:
     """The configured functions with a worker process pool; `close()` stops the workers."""
 
-    def __init__(self, specs: Sequence[RewardSpec], timeout_s: float = 60.0, workers: int = 1) -> None:
+    def __init__(self, specs: Sequence[RewardSpec], timeout_s: float = 60.0, workers: int = 1,
+                 sandbox_url: str | None = None) -> None:
         if not specs:
             raise ValueError("no reward functions")
         labels = [s.label for s in specs]
         if len(set(labels)) != len(labels):
             raise RewardFunctionError(f"rewards: two functions would both report as reward/<name> for "
                                       f"{sorted({x for x in labels if labels.count(x) > 1})}: give them `name`s")
-        for s in specs:
+        self.length = [s for s in specs if s.fn == LENGTH]
+        self.specs = [s for s in specs if s.fn != LENGTH]  # called in the workers
+        if len(self.length) > 1 or (self.length and not self.specs):
+            raise RewardFunctionError("rewards: `length` shapes the other rewards: give it once, beside at least "
+                                      "one other function")
+        for s in self.specs:
             load_reward_function(s.fn)  # import errors and wrong signatures stop the run before it starts
-        self.specs, self.timeout_s, self.workers = list(specs), timeout_s, workers
+        if any(s.fn == "code" for s in self.specs) and not sandbox_url:
+            raise RewardFunctionError("reward 'code' needs a sandbox: none is running or configured (sandbox.url)")
+        self._options = {"code": {"sandbox_url": sandbox_url}}
+        self.timeout_s, self.workers = timeout_s, workers
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
@@ -173,10 +223,13 @@ class RewardFunctions:
             f.result()
         return pool
 
-    def score(self, prompts: list, completions: list[str], columns: dict[str, list[Any]]) -> ScoredBatch:
+    def score(self, prompts: list, completions: list[str], columns: dict[str, list[Any]],
+              lengths: Sequence[int] = (), groups: Sequence[int] = ()) -> ScoredBatch:
+        """`lengths` (completion tokens) and `groups` (the prompt of each completion) are what `length` needs."""
         n = len(completions)
         values: dict[str, list] = {}
-        futures = {s.label: self._pool.submit(_call, s.fn, prompts, completions, columns) for s in self.specs}
+        futures = {s.label: self._pool.submit(_call, s.fn, prompts, completions, columns, self._options.get(s.fn, {}))
+                   for s in self.specs}
         for spec in self.specs:
             try:
                 got = futures[spec.label].result(timeout=self.timeout_s)
@@ -193,8 +246,11 @@ class RewardFunctions:
         for i in range(n):
             scored = [(s.weight, values[s.label][i]) for s in self.specs if values[s.label][i] is not None]
             rewards.append(sum(w * v for w, v in scored) if scored else None)
+        for spec in self.length:
+            values[spec.label] = _length_values(rewards, lengths, groups)
+            rewards = [r if v is None else r + spec.weight * v for r, v in zip(rewards, values[spec.label])]
         per_function = {}
-        for s in self.specs:
+        for s in self.specs + self.length:
             vs = [v for v in values[s.label] if v is not None]
             if vs:
                 per_function[f"reward/{s.label}"] = sum(vs) / len(vs)
@@ -209,6 +265,24 @@ class RewardFunctions:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _length_values(rewards: list[float | None], lengths: Sequence[int], groups: Sequence[int]) -> list[float | None]:
+    import torch
+
+    from trainer.losses import length_reward
+
+    if len(lengths) != len(rewards) or len(groups) != len(rewards):
+        raise ValueError("the `length` reward needs every completion's length and group")
+    kept = [i for i, r in enumerate(rewards) if r is not None]
+    out: list[float | None] = [None] * len(rewards)
+    if kept:
+        lam = length_reward(torch.tensor([lengths[i] for i in kept]),
+                            torch.tensor([rewards[i] > CORRECT_ABOVE for i in kept]),
+                            torch.tensor([groups[i] for i in kept]))
+        for i, v in zip(kept, lam.tolist()):
+            out[i] = v
+    return out
 
 
 def _validated(spec: RewardSpec, got: Any, n: int) -> list[float | None]:

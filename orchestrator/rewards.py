@@ -1,6 +1,6 @@
 """The reward phase: every sample is scored by the task's verifier, or by the configured reward functions
-(`rewards:`, orchestrator/reward_functions.py), then reward shaping (Kimi k1.5's length reward when
-`trainer.length_penalty` > 0) is added; each sample's reward is set in place. A sample every reward function
+(`rewards:`, orchestrator/reward_functions.py, where `length` is Kimi k1.5's length reward); with the task's
+verifier, `trainer.length_penalty` > 0 adds the same length reward; each sample's reward is set in place. A sample every reward function
 skips (None) keeps reward None and is left out of training."""
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def score_samples(task: Task, problems: list[Problem], samples: Samples, length_
     else:
         columns = {"answer": [p.answer for p in asked],
                    **{k: [p.columns.get(k) for p in asked] for k in sorted({k for p in asked for k in p.columns})}}
-        scored = functions.score([list(p.messages) if p.messages else p.prompt for p in asked], texts, columns)
+        scored = functions.score([list(p.messages) if p.messages else p.prompt for p in asked], texts, columns,
+                                 [len(s.completion_ids) for s in samples], [s.prompt_index for s in samples])
         values, extra = scored.rewards, {**scored.per_function, "excluded": sum(v is None for v in scored.rewards)}
     kept = [i for i, v in enumerate(values) if v is not None]
     rewards = torch.tensor([values[i] for i in kept], dtype=torch.float32)

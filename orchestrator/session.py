@@ -27,7 +27,7 @@ from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup
 from orchestrator.warmup import warm_start
-from rollout.tasks import Problem, Task, make_task
+from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
 
@@ -38,7 +38,7 @@ console = Console(stderr=True)
 class Session:
     cfg: TideConfig
     run: RunDir
-    task: Task
+    task: RenderedTask
     tokenizer: object
     trainer: TrainerGroup
     weights: WeightSync
@@ -55,7 +55,7 @@ class Session:
 
         with ExitStack() as stack:
             sandbox_url = cfg.sandbox.url
-            if cfg.task.name == "code" and not sandbox_url:
+            if cfg.needs_sandbox() and not sandbox_url:
                 from orchestrator.sandbox_service import SandboxService
 
                 sandbox = SandboxService.start(run.path, cfg.sandbox.state_dir)
@@ -64,12 +64,14 @@ class Session:
             task = make_task(cfg.task, sandbox_url=sandbox_url, seed=cfg.seed)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            task = RenderedTask(task, PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt))
+            renderer = PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt,
+                                      cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts)
+            task = RenderedTask(task, renderer)
             task.problems(cfg.seed, 1, 1)  # a prompt the template cannot render stops the run here
             reward_functions = None
             if cfg.rewards:
                 try:
-                    reward_functions = RewardFunctions(cfg.rewards, cfg.reward_timeout_s)
+                    reward_functions = RewardFunctions(cfg.rewards, cfg.reward_timeout_s, sandbox_url=sandbox_url)
                 except RewardFunctionError as e:  # not importable, wrong signature: a config error
                     raise ConfigError(f"rewards: {e}") from None
                 stack.callback(reward_functions.close)
@@ -113,14 +115,15 @@ class Session:
             run.truncate_after(-1)
             if cfg.trainer.warmup_sft_steps:
                 with run.phase(0, "warmup"):
-                    losses = warm_start(self.trainer, self.task, self.tokenizer, cfg.trainer, cfg.seed)
+                    losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed)
                 console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         dirs = [model_dir] * cfg.rollout.engines
         if restored is not None or cfg.trainer.warmup_sft_steps > 0:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration))
         with startup("startup/engines"):
             self.rollout = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
-                                        deterministic=cfg.deterministic)
+                                        deterministic=cfg.deterministic, stop=cfg.rollout.stop,
+                                        stop_token_ids=self.task.renderer.end_of_turn_ids())
 
     def publish(self, iteration: int) -> Manifest:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""

@@ -42,6 +42,14 @@ class RolloutConfig(EngineConfig):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    # Generation also ends at any of these strings (the completion's text stops before it) and at the chat
+    # template's end-of-turn token (found by rendering a conversation; orchestrator/prompts.py)
+    stop: list[str] = []
+    # A prompt longer than this many tokens is skipped, or truncated to its last max_prompt_tokens tokens;
+    # counted as prompts_skipped / prompts_truncated. None: no limit (vLLM refuses a prompt that does not fit
+    # max_model_len with max_new_tokens)
+    max_prompt_tokens: int | None = Field(None, gt=0)
+    overlong_prompts: Literal["skip", "truncate"] = "skip"
     sync_mode: Literal["restart", "reload"] = "reload"
     # Bound on the probe's mean |engine - trainer| log-prob after every sync; None: the default for the
     # run's model.dtype (DEFAULT_LOGPROB_GAP)

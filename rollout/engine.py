@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, Literal, Sequence, TypeVar
 
 from ckpt_transfer.manifest import Manifest
 
@@ -105,24 +105,29 @@ class RolloutEngine:
 
     def generate(
         self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int,
-        top_p: float = 1.0, top_k: int = 0,
+        top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
     ) -> Samples:
         """`n_samples` completions per problem, sampled from softmax(logits / temperature) truncated to the
         top_k tokens (0: all) and the top_p nucleus (1.0: all), with every sampled token's log-prob under that
         same distribution (vLLM's processed log-probs; with temperature 1 and no truncation, the raw ones).
+        A problem's `prompt_ids` are used as they are (else vLLM tokenises `prompt`). Generation ends at the
+        end-of-sequence token, a token of `stop_token_ids` or a string of `stop`; the completion's tokens keep
+        what ended it (the policy sampled it), its text stops before a stop string.
         Sample.prompt_index = problem index."""
         if n_samples < 1 or max_new_tokens < 1:
             raise ValueError("n_samples and max_new_tokens must be >= 1")
-        from vllm import SamplingParams
+        from vllm import SamplingParams, TokensPrompt
 
         params = [
             SamplingParams(
                 n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                seed=sample_seed(seed, i, j), logprobs=0, detokenize=False,
+                seed=sample_seed(seed, i, j), logprobs=0, stop=list(stop) or None,
+                stop_token_ids=list(stop_token_ids) or None, detokenize=bool(stop),  # vLLM matches stop text
             )
             for i in range(len(problems)) for j in range(n_samples)
         ]
-        prompts = [p.prompt for p in problems for _ in range(n_samples)]
+        prompts = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
+                   for p in problems for _ in range(n_samples)]
         if not prompts:
             return Samples()
         with self._lock:
@@ -137,10 +142,13 @@ class RolloutEngine:
             ids = list(c.token_ids)
             if c.logprobs is None or len(c.logprobs) != len(ids):
                 raise EngineError(f"vLLM returned {len(c.logprobs or [])} log-probs for {len(ids)} tokens")
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            if isinstance(c.stop_reason, str) and c.stop_reason in text:
+                text = text[:text.index(c.stop_reason)]
             items.append(Sample(
                 prompt_index=i, task_id=problems[i].task_id, prompt_ids=list(out.prompt_token_ids),
                 completion_ids=ids, logprobs=[_token_logprob(e, t) for e, t in zip(c.logprobs, ids)],
-                text=tokenizer.decode(ids, skip_special_tokens=True), answer=problems[i].answer, finish_reason=str(c.finish_reason or ""),
+                text=text, answer=problems[i].answer, finish_reason=str(c.finish_reason or ""),
             ))
         return Samples(items)
 

@@ -80,6 +80,21 @@ def extract_code(completion: str) -> str:
     return m.group(1) if m else completion
 
 
+def score_in_sandbox(client: SandboxClient, specs: Sequence[dict], completions: Sequence[str],
+                     limits: Limits) -> list[float]:
+    """The fraction of its spec's tests ({"language", "tests"}) each completion's code passes, run in the sandbox
+    as one batch; a sandbox fault (not the program's) raises."""
+    reqs = [RunRequest(language=spec.get("language", "python"), code=extract_code(c), tests=list(spec["tests"]),
+                       limits=limits) for spec, c in zip(specs, completions)]
+    rewards = []
+    for res in client.run_batch(reqs):
+        if res.status is Status.internal_error:
+            raise RuntimeError(f"sandbox internal error: {res.stderr[:500]}")
+        total = res.tests_total or 0
+        rewards.append((res.tests_passed or 0) / total if total else 0.0)
+    return rewards
+
+
 @dataclass
 class CodeTask:
     sandbox_url: str = "http://127.0.0.1:8600"
@@ -105,19 +120,8 @@ class CodeTask:
         return [self._problem(rng) for _ in range(n)]
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
-        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, output_kb=64)
-        reqs = []
-        for p, c in zip(problems, completions):
-            spec = json.loads(p.answer)
-            reqs.append(RunRequest(language=spec["language"], code=extract_code(c), tests=spec["tests"],
-                                   limits=limits))
-        rewards = []
-        for res in self.client.run_batch(reqs):
-            if res.status is Status.internal_error:
-                raise RuntimeError(f"sandbox internal error: {res.stderr[:500]}")
-            total = res.tests_total or 0
-            rewards.append((res.tests_passed or 0) / total if total else 0.0)
-        return rewards
+        return score_in_sandbox(self.client, [json.loads(p.answer) for p in problems], completions,
+                                Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, output_kb=64))
 
     def corpus(self) -> str:
         rng = _rng(0, 3)

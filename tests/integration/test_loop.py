@@ -195,14 +195,15 @@ def test_restart_mode_survives_engine_kill_mid_rollout(tmp_path, address):
 
 def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
     """Also a user's workload: the chat-format dataset of configs/chat_dataset.yaml through the tiny model's chat
-    template, scored by the `math` built-in and a user function (configs/chat_rewards.py)."""
+    template, generation ending at a stop string, scored by the `math` built-in and a user function
+    (configs/chat_rewards.py)."""
     shm = f"/dev/shm/tide-test-nodes-{os.getpid()}"
     subprocess.run([sys.executable, "scripts/make_chat_dataset.py", "--out", str(tmp_path / "data"), "--train", "200",
                     "--eval", "20"], cwd=ROOT, check=True, capture_output=True)
     shipped = yaml.safe_load((ROOT / "configs" / "chat_dataset.yaml").read_text())
     cfg = _write(tmp_path, _config(
-        "two_nodes", address, iterations=2, save_every=2, rollout__engines=2,
-        transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
+        "two_nodes", address, iterations=2, save_every=2, rollout__engines=2, rollout__stop=["\n"],
+        rollout__max_prompt_tokens=512, transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
         task={**shipped["task"], "path": str(tmp_path / "data" / "train.jsonl"),
               "eval_path": str(tmp_path / "data" / "eval.jsonl")},
         model__chat_template="auto", model__system_prompt=shipped["model"]["system_prompt"],
@@ -217,6 +218,7 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
             assert m["transfer_bytes"] > 0 and m["transfer_seconds"] > 0
             assert 0 <= m["reward/math"] <= 1 and 0 <= m["reward/answer_only"] <= 1
             assert m["excluded"] == 0  # `math` scores every sample; answer_only skips subtractions only
+            assert m["prompts_skipped"] == 0 and m["prompts_truncated"] == 0
         assert "eval/pass@2" in metrics[1]
     finally:
         import shutil

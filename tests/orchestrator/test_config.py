@@ -178,3 +178,18 @@ def test_cli_exits_2_on_missing_model_path(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "model.path" in proc.stderr and "/some/missing/dir" in proc.stderr
+
+
+def test_length_penalty_beside_reward_functions_is_refused():
+    with pytest.raises(ConfigError, match=r"add \{fn: length"):
+        parse_config({**_base(), "trainer": {"length_penalty": 0.1}, "rewards": [{"fn": "exact"}]})
+    cfg = parse_config({**_base(), "rewards": [{"fn": "exact"}, {"fn": "length", "weight": 0.1}]})
+    assert not cfg.needs_sandbox()
+    assert parse_config({**_base(), "rewards": [{"fn": "code"}]}).needs_sandbox()
+
+
+def test_prompt_limits_are_validated():
+    with pytest.raises(ConfigError, match="rollout.overlong_prompts"):
+        parse_config({**_base(), "rollout": {"max_prompt_tokens": 8, "overlong_prompts": "drop"}})
+    with pytest.raises(ConfigError, match="rollout.max_prompt_tokens"):
+        parse_config({**_base(), "rollout": {"max_prompt_tokens": 0}})

@@ -85,7 +85,7 @@ def test_math_verify_builtin_by_hand():
 
 
 @pytest.mark.parametrize("fn,message", [
-    ("nope", r"not a built-in \(exact, numeric, math\) nor 'package.module:function'"),
+    ("nope", r"not a built-in \(exact, numeric, math, code, length\) nor 'package.module:function'"),
     ("no_such_module_xyz:f", r"cannot import no_such_module_xyz: ModuleNotFoundError"),
     ("{m}:missing", r"has no function 'missing'"),
     ("{m}:no_kwargs", r"must accept \(prompts, completions, \*\*columns\)"),
@@ -149,3 +149,20 @@ def test_reward_phase_leaves_skipped_samples_out_of_training(user_module):
     assert [s.reward for s in samples] == [1.0, 1.0, None, None] and metrics["excluded"] == 2
     assert metrics["reward_mean"] == 1.0 and metrics["reward/parity"] == 1.0
     assert [seq.group for seq in samples_batch(samples, TokenDistribution()).sequences] == [0, 0]
+
+
+def test_length_reward_shapes_the_other_rewards_by_hand():
+    """Kimi k1.5's length reward per prompt group: lam = 0.5 - (len - min) / (max - min); correct (the other
+    rewards sum above 0.5) get lam, incorrect min(0, lam); a sample the others skipped stays None."""
+    fns = RewardFunctions([RewardSpec(fn="exact"), RewardSpec(fn="length", weight=0.1)])
+    try:
+        got = fns.score(["p"] * 5, ["4", "4", "5", "x", "4"], {"answer": ["4", "4", "4", "4", "4"]},
+                        lengths=[2, 6, 10, 3, 7], groups=[0, 0, 0, 1, 1])
+    finally:
+        fns.close()
+    # group 0: lengths 2, 6, 10 -> lam 0.5, 0, -0.5; correct, correct, wrong -> 0.5, 0, -0.5
+    # group 1: lengths 3, 7 -> lam 0.5, -0.5; wrong, correct -> min(0, 0.5) = 0, -0.5
+    assert got.rewards == pytest.approx([1.05, 1.0, -0.05, 0.0, 0.95])
+    assert got.per_function["reward/length"] == pytest.approx((0.5 + 0 - 0.5 + 0 - 0.5) / 5)
+    with pytest.raises(RewardFunctionError, match="beside at least one other"):
+        RewardFunctions([RewardSpec(fn="length")])

@@ -47,3 +47,25 @@ def test_partial_credit(task):
 def test_extract_code():
     assert extract_code("x\n```py\nprint(1)\n```") == "print(1)\n"
     assert extract_code("print(2)") == "print(2)"
+
+
+def test_code_as_a_reward_function(service, monkeypatch):
+    """`rewards: [{fn: code}]`: a `tests` column (with `language`), or the JSON spec in `answer`; a problem with
+    neither is not applicable (None); the same sandbox verdicts as the task's scorer."""
+    from orchestrator.reward_functions import RewardFunctions, RewardSpec
+
+    monkeypatch.setenv("TIDE_SANDBOX_TOKEN", "test-token")  # read by the (spawned) reward worker
+    spec = json.dumps({"language": "python", "tests": ["assert f(2) == 4", "assert f(0) == 0"]})
+    fns = RewardFunctions([RewardSpec(fn="code")], sandbox_url=service.url)
+    try:
+        got = fns.score(["p"] * 4,
+                        ["def f(x):\n    return 2 * x\n", "```python\ndef f(x):\n    return x * x\n```",
+                         "def f(x):\n    return 4\n", "anything"],
+                        {"answer": [spec, "", spec, "42"],
+                         "tests": [None, ["assert f(3) == 9"], None, None],
+                         "language": [None, "python", None, None]})
+    finally:
+        fns.close()
+    assert got.rewards == [1.0, 1.0, 0.5, None]
+    with pytest.raises(Exception, match="needs a sandbox"):
+        RewardFunctions([RewardSpec(fn="code")])
