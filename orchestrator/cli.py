@@ -96,19 +96,26 @@ def inspect(run_dir: Path = typer.Argument(..., help="a run directory"),
 def export(run_dir: Path = typer.Argument(..., help="a run directory"),
            out: Path = typer.Argument(..., help="the Hugging Face directory to write"),
            iteration: Optional[int] = typer.Option(None, "--iteration", help="a kept checkpoint (default: newest)"),
+           verify: bool = typer.Option(False, "--verify", help="load the export with transformers and check its "
+                                       "logits against Megatron's (float32: to 1e-4)"),
            ) -> None:
     """Write a kept checkpoint as a Hugging Face model directory (safetensors, config, tokenizer), from any
     trainer layout, in this process: no Ray, no vLLM. A finished run already holds its last iteration in
     RUN_DIR/hf."""
-    from orchestrator.export import export_checkpoint
+    from orchestrator.export import ExportMismatch, export_checkpoint
 
     if not (run_dir / "config.yaml").is_file():
         _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
     try:
-        written = export_checkpoint(RunDir(run_dir), out, iteration)
+        result = export_checkpoint(RunDir(run_dir), out, iteration, verify)
     except FileNotFoundError as e:
         _fail(f"error: {e}", 2)
-    typer.echo(f"wrote {written}")
+    except ExportMismatch as e:
+        _fail(f"error: {e}", 1)
+    typer.echo(f"wrote {result.path} (iteration {result.iteration})")
+    if result.logit_diff is not None:
+        typer.echo(f"verified: max |logit difference| transformers vs Megatron {result.logit_diff:.2e}, "
+                   f"max |log-prob difference| {result.logprob_diff:.2e}")
 
 
 def _guarded(fn) -> None:

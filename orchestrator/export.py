@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_transfer.manifest import Manifest
@@ -21,7 +22,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None) -> Path:
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    iteration: int
+    logit_diff: float | None = None  # max |transformers - Megatron| over the check's tokens (verify only)
+    logprob_diff: float | None = None
+
+
+class ExportMismatch(RuntimeError):
+    pass
+
+
+def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, verify: bool = False) -> ExportResult:
+    """`verify`: load the export with transformers and compare its logits with the Megatron model's on the same
+    tokens; float32 must agree to 1e-4 (logits), other dtypes to the run's log-prob gap bound (log-probs)."""
     cfg = load_config(run.config_file)
     if cfg.engine != "megatron":
         raise ValueError(f"{run.path} is a JAX run: there is no language model to export")
@@ -52,6 +67,32 @@ def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None) -> P
         manifest = Manifest(run=cfg.name, iteration=iteration, directory=str(staging), shards=written["shards"],
                             aux_files=written["aux_files"])
         finalize_manifest(manifest)
-        return rename_into_place(manifest, staging, out)
+        path = rename_into_place(manifest, staging, out)
+        if not verify:
+            return ExportResult(path, iteration)
+        logit_diff, logprob_diff = _compare_with_transformers(worker, path, cfg.model.dtype, cfg.seed)
+        bound = 1e-4 if cfg.model.dtype == "float32" else cfg.rollout.logprob_gap_bound(cfg.model.dtype)
+        measured, what = (logit_diff, "logits") if cfg.model.dtype == "float32" else (logprob_diff, "log-probs")
+        if measured > bound:
+            raise ExportMismatch(f"{path}: transformers' {what} differ from Megatron's by {measured:.3g} "
+                                 f"(> {bound:g} for {cfg.model.dtype}); the conversion is wrong for this model")
+        return ExportResult(path, iteration, logit_diff, logprob_diff)
     finally:
         worker.shutdown()
+
+
+def _compare_with_transformers(worker, hf_dir: Path, dtype: str, seed: int) -> tuple[float, float]:
+    """Max |difference| of logits and of log-probs between transformers (loading `hf_dir`) and the Megatron
+    model, over a few seeded random token sequences of the vocabulary."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (4, 24), generator=generator)
+    ours = torch.stack(worker.logits(tokens.tolist())).float()
+    with torch.no_grad():
+        theirs = model(tokens).logits.float()
+    logit_diff = (ours - theirs).abs().max().item()
+    logprob_diff = (ours.log_softmax(-1) - theirs.log_softmax(-1)).abs().max().item()
+    return logit_diff, logprob_diff

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,8 +243,8 @@ def test_tensor_parallel_trainer_feeds_vllm_through_merged_shards(tmp_path, addr
 
 def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tmp_path, rollout_engine):
     """RUN_DIR/hf holds the weights vLLM served last; `tide export` rebuilds them from the Megatron checkpoint
-    (no Ray, no vLLM), any kept iteration; transformers and vLLM load the export and agree on greedy tokens and
-    their log-probs (the run's probe already tied vLLM's to Megatron's within 1e-4)."""
+    (no Ray, no vLLM), any kept iteration, and `--verify` finds transformers' logits on it within 1e-4 of the
+    Megatron model's; transformers and vLLM load the export and agree on greedy tokens and their log-probs."""
     import ray
     import torch
     from safetensors.torch import load_file
@@ -253,9 +254,12 @@ def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tm
     from rollout.tasks import AdditionTask
 
     newest, earlier = tmp_path / "it4", tmp_path / "it2"
-    for args in ([newest], [earlier, "--iteration", 2]):
+    for args in ([newest, "--verify"], [earlier, "--iteration", 2]):
         proc = _tide("export", reference_run, *args, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
+        if "--verify" in args:  # transformers' logits on the export against the Megatron model's, float32
+            diff = re.search(r"max \|logit difference\| transformers vs Megatron (\S+),", proc.stdout)
+            assert diff and float(diff.group(1)) <= 1e-4, proc.stdout
     refused = _tide("export", reference_run, tmp_path / "x", "--iteration", 3, timeout=120)
     assert refused.returncode == 2 and "keeps no checkpoint of iteration 3 (kept: 2, 4)" in refused.stderr
 
