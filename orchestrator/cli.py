@@ -22,6 +22,10 @@ def _fail(msg: str, code: int) -> None:
 
 def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
     try:
+        if cfg.logging.wandb is not None:
+            from orchestrator.wandb_log import WandbLog
+
+            run.attach(WandbLog(run.path, cfg.logging.wandb, cfg.name, cfg.model_dump(mode="json")))
         if cfg.engine == "jax":
             from orchestrator.jax_loop import run_jax
 

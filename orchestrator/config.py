@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ckpt_transfer.config import PublishConfig, WeightTransferConfig
 from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
+from orchestrator.wandb_log import WandbConfig
 from rollout.config import RolloutConfig, TaskConfig
 from trainer.config import TrainerConfig
 from trainer.jax.config import JaxConfig
@@ -75,6 +76,22 @@ class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # None: rollout.max_new_tokens
 
 
+class LoggingConfig(Strict):
+    """TensorBoard event files are always written (RUN_DIR/tb); `wandb` adds a Weights & Biases run
+    (orchestrator/wandb_log.py), offline unless `mode: online`."""
+
+    wandb: WandbConfig | None = None
+
+    @field_validator("wandb")
+    @classmethod
+    def _wandb_installed(cls, value: WandbConfig | None) -> WandbConfig | None:
+        import importlib.util
+
+        if value is not None and importlib.util.find_spec("wandb") is None:
+            raise ValueError("the wandb package is not installed: `pip install wandb`, or remove logging.wandb")
+        return value
+
+
 class TideConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     engine: Literal["megatron", "jax"] = "megatron"
@@ -97,6 +114,7 @@ class TideConfig(Strict):
     rewards: list[RewardSpec] = []
     reward_timeout_s: float = Field(60.0, gt=0)
     jax: JaxConfig | None = None
+    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _engine_sections(self) -> "TideConfig":

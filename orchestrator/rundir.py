@@ -72,6 +72,7 @@ class RunDir:
         self.checkpoints.mkdir(exist_ok=True)
         self._tb: TensorBoardLog | None = None
         self._tb_purge_step: int | None = None
+        self._sinks: list = []  # more scalar loggers beside TensorBoard (orchestrator/wandb_log.py)
 
     @property
     def tensorboard(self) -> TensorBoardLog:
@@ -80,10 +81,19 @@ class RunDir:
             self._tb = TensorBoardLog(self.path / "tb", purge_step=self._tb_purge_step)
         return self._tb
 
+    def attach(self, sink) -> None:
+        """Another logger of the run's scalars, with TensorBoardLog's `scalars`, `flush` and `close`."""
+        self._sinks.append(sink)
+
+    def _loggers(self) -> list:
+        return [self.tensorboard, *self._sinks]
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        while self._sinks:
+            self._sinks.pop().close()
 
     @property
     def name(self) -> str:
@@ -130,13 +140,15 @@ class RunDir:
     def record_phase(self, rec: PhaseRecord) -> None:
         """A phase timed elsewhere (start-up, measured before the run directory was truncated for a resume)."""
         _append_jsonl(self.timings_file, rec.as_dict())
-        self.tensorboard.scalars(rec.iteration, {rec.phase: rec.seconds}, prefix="time/")
+        for log in self._loggers():
+            log.scalars(rec.iteration, {rec.phase: rec.seconds}, prefix="time/")
 
     def log_metrics(self, record: dict) -> None:
         assert "iteration" in record
         _append_jsonl(self.metrics_file, record)
-        self.tensorboard.scalars(record["iteration"], record)
-        self.tensorboard.flush()
+        for log in self._loggers():
+            log.scalars(record["iteration"], record)
+            log.flush()
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_file)

@@ -1,0 +1,49 @@
+"""Weights & Biases logging (`logging.wandb`), the same scalars as TensorBoard: every metric under its own name
+and every phase's seconds as `time/<phase>`, stepped by iteration. Offline by default (files under
+RUN_DIR/wandb/, uploaded later with `wandb sync`), since training nodes often have no route out. The run id is
+kept in RUN_DIR/wandb_id so that `tide resume` continues the same W&B run; W&B ignores steps below the last one
+it saw, so iterations redone after a resume keep their first values there (metrics.jsonl and TensorBoard hold
+the redone ones)."""
+from __future__ import annotations
+
+import math
+import secrets
+from numbers import Real
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class WandbConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = "tide"
+    entity: str | None = None
+    name: str | None = None  # None: the config's `name`
+    mode: Literal["offline", "online"] = "offline"
+    tags: list[str] = []
+
+
+class WandbLog:
+    def __init__(self, run_dir: Path, cfg: WandbConfig, run_name: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        id_file = run_dir / "wandb_id"
+        if not id_file.is_file():
+            id_file.write_text(secrets.token_hex(4))  # W&B ids: [a-z0-9]
+        self._run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name or run_name, mode=cfg.mode,
+                               tags=cfg.tags, dir=str(run_dir), id=id_file.read_text().strip(), resume="allow",
+                               config=config)
+
+    def scalars(self, step: int, values: dict, prefix: str = "") -> None:
+        data = {prefix + k: float(v) for k, v in values.items()
+                if k != "iteration" and not isinstance(v, bool) and isinstance(v, Real) and math.isfinite(v)}
+        if data and step >= (self._run.step or 0):
+            self._run.log(data, step=step)
+
+    def flush(self) -> None:
+        pass  # wandb writes from its own process
+
+    def close(self) -> None:
+        self._run.finish()
