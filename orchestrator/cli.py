@@ -1,6 +1,7 @@
 """`tide run CONFIG`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`, `tide export RUN_DIR OUT`."""
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -123,6 +124,9 @@ def export(run_dir: Path = typer.Argument(..., help="a run directory"),
 
 
 def _guarded(fn) -> None:
+    # SIGTERM (a scheduler's preemption, `kill`) unwinds like Ctrl-C, so the run's engines, trainer ranks,
+    # sandbox and /dev/shm copies are released by the same `finally` blocks instead of being orphaned.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         fn()
     except KeyboardInterrupt:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass
 
 # Local single-user clusters: no token auth, no usage stats. Set before Ray is imported anywhere.
@@ -33,8 +35,13 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None, lo
         return Cluster(connected_here=False)
     kwargs = dict(namespace=namespace, include_dashboard=False, log_to_driver=log_to_driver,
                   runtime_env={"env_vars": {k: os.environ[k] for k in _RAY_ENV}})
+    handler = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, **kwargs)
-        return Cluster(connected_here=True)
-    ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    if threading.current_thread() is threading.main_thread() and handler is not None:
+        # ray.init installs a native failure handler that turns SIGTERM into an abort (exit 134, no cleanup):
+        # give the process back the handler it had (the CLI's: unwind like Ctrl-C).
+        signal.signal(signal.SIGTERM, handler)
     return Cluster(connected_here=True)

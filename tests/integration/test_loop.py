@@ -137,6 +137,33 @@ def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path
     assert final["parameter_digests"] == ref_final["parameter_digests"]
 
 
+def test_sigterm_stops_the_run_cleanly_and_resume_continues(tmp_path, address):
+    """A scheduler's SIGTERM unwinds like Ctrl-C (exit 130, engines stopped, nothing left in /dev/shm), not
+    Ray's native abort (exit 134, no cleanup), and the run resumes from its checkpoint."""
+    cfg = _config("term", address, iterations=4, save_every=1)
+    run_dir, shm = tmp_path / "run", Path(cfg["publish"]["shm_root"])
+    proc = subprocess.Popen([*TIDE, "run", str(_write(tmp_path, cfg)), "--run-dir", str(run_dir)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, s = time.monotonic() + 600, {}
+    while time.monotonic() < deadline and s.get("iteration", 0) < 2:
+        try:
+            s = json.loads((run_dir / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        assert proc.poll() is None, "run ended before it could be stopped"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted; `tide resume` continues" in err, err[-4000:]
+    for pid in s["engine_pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not shm.exists() or not any(shm.iterdir())
+    resumed = _tide("resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert [m["iteration"] for m in _metrics(run_dir)] == [1, 2, 3, 4]
+
+
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
 # main parameters and Adam state in the checkpoint), vLLM's bf16 path, the default bf16 gap bound.
 BF16 = {"model__dtype": "bfloat16", "rollout__mismatch_correction": "tis"}
