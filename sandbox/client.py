@@ -59,9 +59,11 @@ class SandboxClient:
 
     def run(self, language: str, code: str, *, stdin: str = "", tests: list[str] | None = None,
             files: dict[str, str] | None = None, limits: Limits | dict | None = None,
-            image: str | None = None) -> RunResult:
+            image: str | None = None, **fields: Any) -> RunResult:
+        """`fields`: the rest of RunRequest (judge mode's `cases`, `checker`, `stop_on_first_failure`;
+        `binary_files`, `fetch_files`, ...)."""
         req = RunRequest(language=language, code=code, stdin=stdin, tests=tests or [], files=files or {},
-                         limits=Limits.model_validate(limits or {}), image=image)
+                         limits=Limits.model_validate(limits or {}), image=image, **fields)
         return self.run_request(req)
 
     def run_request(self, req: RunRequest) -> RunResult:

@@ -41,10 +41,12 @@ class SandboxConfig(BaseModel):
             out[k] = min(v, cap) if cap is not None else v
         return Resolved(**out)
 
-    def compile_step(self, run: "Resolved") -> "Resolved":
-        """Limits of a compile step: the compile limits, never tighter than the run's."""
+    def compile_step(self, run: "Resolved", timeout_s: float | None = None) -> "Resolved":
+        """Limits of a compile step: the compile limits, never tighter than the run's; a request's
+        `timeout_s` can only shorten the compile limit's."""
         c = self.compile_limits
-        return Resolved(timeout_s=c.timeout_s or 30, memory_mb=max(c.memory_mb or 0, run.memory_mb),
+        cap = c.timeout_s or 30
+        return Resolved(timeout_s=min(timeout_s, cap) if timeout_s else cap, memory_mb=max(c.memory_mb or 0, run.memory_mb),
                         output_kb=c.output_kb or 64, pids=max(c.pids or 0, run.pids), disk_mb=run.disk_mb)
 
 

@@ -17,8 +17,9 @@ SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 
 # /etc entries the host image needs: dynamic linker cache and the alternatives symlinks that
-# /usr/bin/java etc. resolve through; the JDK reads its config from /etc/java-*.
-_HOST_ETC_BINDS = ("/etc/alternatives", *sorted(glob.glob("/etc/java-*")))
+# /usr/bin/java etc. resolve through; the JDK reads its config from /etc/java-*, R from /etc/R (R_HOME/etc
+# links there), PHP its php.ini from /etc/php.
+_HOST_ETC_BINDS = ("/etc/alternatives", *sorted(glob.glob("/etc/java-*")), "/etc/R", "/etc/php")
 _MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 

@@ -1,9 +1,12 @@
 """Request/response messages of the sandbox HTTP API (the contract in shared/DESIGN.md)."""
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class Status(str, enum.Enum):
@@ -26,6 +29,39 @@ class Limits(BaseModel):
     disk_mb: int | None = Field(None, gt=0)
 
 
+class JudgeCase(BaseModel):
+    stdin: str = ""
+    expected_stdout: str
+
+
+class Checker(BaseModel):
+    """How a case's output is judged (sandbox/harness/checkers.py): exact (line ends and trailing blank lines
+    ignored), tokens, or float (tokens; numbers within abs_tol or rel_tol of the expected)."""
+
+    kind: Literal["exact", "tokens", "float"] = "exact"
+    abs_tol: float = Field(1e-6, ge=0)
+    rel_tol: float = Field(1e-6, ge=0)
+
+
+class Verdict(str, enum.Enum):
+    accepted = "AC"
+    wrong_answer = "WA"
+    time_limit = "TLE"
+    memory_limit = "MLE"
+    runtime_error = "RE"
+    output_limit = "OLE"
+
+
+class CaseResult(BaseModel):
+    verdict: Verdict
+    exit_code: int | None = None
+    wall_ms: float = 0.0
+    cpu_ms: float = 0.0
+    peak_memory_kb: int = 0
+    stdout: str = Field("", description="the start of the case's output")
+    stderr: str = ""
+
+
 class RunRequest(BaseModel):
     language: str
     code: str
@@ -34,6 +70,32 @@ class RunRequest(BaseModel):
     tests: list[str] = Field(default_factory=list, description="test snippets run after the code (see languages)")
     limits: Limits = Field(default_factory=Limits)
     image: str | None = Field(None, description="image name; default: the server's default image")
+    binary_files: dict[str, str] = Field(default_factory=dict,
+                                         description="extra files as base64, relative paths under /work")
+    fetch_files: list[str] = Field(default_factory=list,
+                                   description="files under /work to return (base64) after the run; missing or "
+                                               "non-regular ones are left out")
+    compile_timeout_s: float | None = Field(None, gt=0, description="compile step wall time, at most the server's")
+    cases: list[JudgeCase] = Field(default_factory=list, description="judge mode: run the program once per case "
+                                   "(limits apply per case) and check its stdout")
+    checker: Checker = Field(default_factory=Checker)
+    stop_on_first_failure: bool = False
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "RunRequest":
+        if self.cases and self.tests:
+            raise ValueError("give `tests` (tests mode) or `cases` (judge mode), not both")
+        return self
+
+    @field_validator("binary_files")
+    @classmethod
+    def _base64(cls, files: dict[str, str]) -> dict[str, str]:
+        for name, content in files.items():
+            try:
+                base64.b64decode(content, validate=True)
+            except binascii.Error:
+                raise ValueError(f"binary_files[{name!r}] is not base64") from None
+        return files
 
 
 class RunResult(BaseModel):
@@ -47,6 +109,13 @@ class RunResult(BaseModel):
     tests_passed: int | None = None
     tests_total: int | None = None
     compile_output: str | None = None
+    compile_exit_code: int | None = None
+    compile_wall_ms: float | None = None
+    compile_timed_out: bool = False
+    files: dict[str, str] = Field(default_factory=dict, description="fetch_files that existed, base64")
+    cases: list[CaseResult] | None = Field(None, description="judge mode: one per case run, in order")
+    cases_passed: int | None = None
+    cases_total: int | None = None
 
 
 class BatchRequest(BaseModel):

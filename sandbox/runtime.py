@@ -8,6 +8,7 @@ and the slot is checked empty before it takes the next job.
 """
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import logging
@@ -17,6 +18,7 @@ import queue
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -30,7 +32,7 @@ from .cgroups import CgroupLayout, CgroupPool, Slot, detect
 from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
 from .languages import LANGUAGES, command, get_language
-from .models import RunRequest, RunResult, Status
+from .models import CaseResult, RunRequest, RunResult, Status, Verdict
 from .oci import runtime_spec
 from .sysutil import (
     MS_BIND,
@@ -75,6 +77,73 @@ class Phase:
     output_exceeded: bool
     oom: bool
     runtime_error: str | None  # crun could not start the container
+
+
+# Judge mode (sandbox/harness/judge_driver.py is the container's init; the program runs once per case under it).
+JUDGE_RUN = ("python3", "-I", ".tide_judge.py")
+_HARNESS = Path(__file__).with_name("harness")
+_ECHO_BYTES = 1024  # of each case's output, returned for debugging
+
+
+def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str) -> dict[str, str]:
+    spec = {"nonce": nonce, "cmd": command(lang, lang.run, {lang.source: ""}, limits.memory_mb),
+            "cases": [c.model_dump() for c in req.cases], "checker": req.checker.model_dump(),
+            "timeout_s": limits.timeout_s, "output_bytes": limits.output_kb * 1024,
+            "memory_kb": limits.memory_mb * 1024, "echo_bytes": _ECHO_BYTES,
+            "stop_on_first_failure": req.stop_on_first_failure,
+            "checkers_source": (_HARNESS / "checkers.py").read_text()}
+    return {".tide_judge.py": (_HARNESS / "judge_driver.py").read_text(), ".tide_judge.json": json.dumps(spec)}
+
+
+def judge_limits(per_case: Resolved, n_cases: int) -> Resolved:
+    """The container's limits around n cases: their wall times and the driver's report, plus start-up slack."""
+    return Resolved(timeout_s=n_cases * (per_case.timeout_s + 0.25) + 5,
+                    memory_mb=per_case.memory_mb + 64, pids=per_case.pids + 4, disk_mb=per_case.disk_mb,
+                    output_kb=per_case.output_kb + n_cases * (_ECHO_BYTES * 6 + 8192) // 1024 + 64)
+
+
+def judged(result: RunResult, req: RunRequest, nonce: str) -> RunResult:
+    """The driver's report (one line behind the nonce) as per-case results; without it, the whole judge run
+    failed (its status says how) and every case counts as failed."""
+    report, kept = None, []
+    for line in result.stdout.splitlines(keepends=True):
+        if line.startswith(nonce + " "):
+            report = json.loads(line[len(nonce) + 1:])
+        else:
+            kept.append(line)
+    cases = [CaseResult.model_validate(c) for c in report["cases"]] if report else []
+    return result.model_copy(update={
+        "stdout": "".join(kept).rstrip("\n"), "cases": cases, "cases_total": len(req.cases),
+        "cases_passed": sum(c.verdict == Verdict.accepted for c in cases)})
+
+
+def fetch_files(work: Path, names: list[str], max_bytes: int) -> dict[str, str]:
+    """The regular files among `names` under the run's /work, base64. Read from the host side of the overlay,
+    so every path component is opened without following symlinks (a program's `ln -s /etc/shadow out` must not
+    read the host's file) and non-blocking (a FIFO is skipped, not waited on)."""
+    out: dict[str, str] = {}
+    for name in names:
+        try:
+            parts = PurePosixPath(_clean_path(name)).parts
+        except BadRequest:
+            continue
+        fds: list[int] = []
+        try:
+            fds.append(os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+            for part in parts[:-1]:
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
+            fds.append(fd)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= max_bytes:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    out[name] = base64.b64encode(f.read(max_bytes + 1)[:max_bytes]).decode()
+        except OSError:
+            continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return out
 
 
 def _clean_path(name: str) -> str:
@@ -258,13 +327,15 @@ class SandboxRuntime:
             metrics.QUEUED.set(max(0, self._inflight - len(self.workers)))
 
     def validate(self, req: RunRequest) -> None:
-        get_language(req.language)  # KeyError for unknown languages
+        lang = get_language(req.language)  # KeyError for unknown languages
         image = req.image or self.config.default_image
         if image not in self.images:
             raise BadRequest(f"unknown image {image!r}; known: {sorted(self.images)}")
-        if len(req.files) > self.config.max_files:
+        if image == "host" and not lang.installed():
+            raise BadRequest(f"language {lang.name!r} is not installed on this host (scripts/setup.sh installs it)")
+        if len(req.files) + len(req.binary_files) > self.config.max_files:
             raise BadRequest(f"too many files (max {self.config.max_files})")
-        for name in req.files:
+        for name in [*req.files, *req.binary_files]:
             _clean_path(name)
 
     def submit_many(self, reqs: list[RunRequest]) -> list[Future]:
@@ -309,7 +380,10 @@ class SandboxRuntime:
         image = self.images[req.image or self.config.default_image]
         nonce = uuid.uuid4().hex
         files = dict(req.files)
-        files.update(lang.harness(req.code, req.tests, nonce) if req.tests else {lang.source: req.code})
+        code = lang.solution(req.code)
+        files.update(lang.harness(code, req.tests, nonce) if req.tests else {lang.source: code})
+        if req.cases:
+            files.update(judge_files(req, lang, limits, nonce))
         # The slot's mount points persist; everything a run writes lives inside its three mounts.
         root = f"{self.dir}/slots/slot{w.slot.index}"
         rootfs, disk, out = f"{root}/rootfs", f"{root}/disk", f"{root}/out"
@@ -331,32 +405,48 @@ class SandboxRuntime:
             mount("overlay", rootfs, "overlay", 0, f"lowerdir={image.lower},upperdir={disk}/upper,workdir={disk}/work")
             mounted.append(rootfs)
             self._write_files(Path(rootfs, "work"), files)
+            self._write_files(Path(rootfs, "work"), {k: base64.b64decode(v, validate=True)
+                                                     for k, v in req.binary_files.items()})
             stdin = f"{out}/stdin"
             with open(stdin, "wb") as f:
                 f.write(stdin_bytes)
             compile_output = None
             if lang.compile:
-                climits = self.config.compile_step(limits)
+                climits = self.config.compile_step(limits, req.compile_timeout_s)
                 args = command(lang, lang.compile, files, climits.memory_mb)
                 c = self._phase(w, rootfs, image, args, climits, None, out, "compile")
                 compile_output = (c.stdout + c.stderr).decode("utf-8", "replace")
+                compiled = dict(compile_output=compile_output, compile_exit_code=c.exit_code,
+                                compile_wall_ms=round(c.wall_ms, 3), compile_timed_out=c.timed_out)
                 if c.runtime_error:
                     return RunResult(status=Status.internal_error, stderr=c.runtime_error, wall_ms=c.wall_ms)
                 if c.exit_code != 0 or c.timed_out or c.oom:
                     why = " (compiler timed out)" if c.timed_out else " (compiler ran out of memory)" if c.oom else ""
                     return RunResult(status=Status.compile_error, exit_code=c.exit_code, stderr=compile_output + why,
                                      wall_ms=c.wall_ms, cpu_ms=c.cpu_ms, peak_memory_kb=c.peak_kb,
-                                     compile_output=compile_output,
                                      tests_passed=0 if req.tests else None,
-                                     tests_total=len(req.tests) if req.tests else None)
-            args = command(lang, lang.run, files, limits.memory_mb)
-            p = self._phase(w, rootfs, image, args, limits, stdin, out, "run")
-            return self._result(p, req, nonce, out_bytes, compile_output)
+                                     tests_total=len(req.tests) if req.tests else None,
+                                     cases_passed=0 if req.cases else None,
+                                     cases_total=len(req.cases) if req.cases else None, **compiled)
+            else:
+                compiled = {}
+            if req.cases:
+                args, run_limits = list(JUDGE_RUN), judge_limits(limits, len(req.cases))
+            else:
+                run = lang.tests_run if req.tests and lang.tests_run else lang.run
+                args, run_limits = command(lang, run, files, limits.memory_mb), limits
+            p = self._phase(w, rootfs, image, args, run_limits, stdin, out, "run")
+            result = self._result(p, req, nonce, out_bytes, compiled)
+            if req.cases:
+                result = judged(result, req, nonce)
+            if req.fetch_files:
+                result.files = fetch_files(Path(rootfs, "work"), req.fetch_files, limits.disk_mb << 20)
+            return result
         finally:
             for m in reversed(mounted):
                 umount_quiet(m)
 
-    def _write_files(self, work: Path, files: dict[str, str]) -> None:
+    def _write_files(self, work: Path, files: dict[str, str] | dict[str, bytes]) -> None:
         for name, content in files.items():
             rel = _clean_path(name)
             path = work / rel
@@ -367,7 +457,7 @@ class SandboxRuntime:
                     if p == work:
                         break
                     os.chown(p, SANDBOX_UID, SANDBOX_GID)
-            path.write_text(content)
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
             os.chown(path, SANDBOX_UID, SANDBOX_GID)
 
     def _phase(self, w: Worker, rootfs: str, image: Image, args: list[str], limits: Resolved,
@@ -457,7 +547,7 @@ class SandboxRuntime:
                 pass
 
     @staticmethod
-    def _result(p: Phase, req: RunRequest, nonce: str, out_bytes: int, compile_output: str | None) -> RunResult:
+    def _result(p: Phase, req: RunRequest, nonce: str, out_bytes: int, compiled: dict) -> RunResult:
         if p.runtime_error:
             return RunResult(status=Status.internal_error, stderr=p.runtime_error, wall_ms=p.wall_ms)
         if p.oom and p.exit_code != 0:
@@ -488,8 +578,9 @@ class SandboxRuntime:
         return RunResult(status=status, exit_code=p.exit_code, stdout=stdout,
                          stderr=p.stderr.decode("utf-8", "replace"), wall_ms=round(p.wall_ms, 3),
                          cpu_ms=round(p.cpu_ms, 3), peak_memory_kb=p.peak_kb, tests_passed=passed,
-                         tests_total=total, compile_output=compile_output)
+                         tests_total=total, **compiled)
 
 
 def languages() -> list[str]:
-    return sorted(LANGUAGES)
+    """The languages whose toolchain the host image has."""
+    return sorted(name for name, lang in LANGUAGES.items() if lang.installed())

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import metrics
+from . import fusion, metrics
 from .models import BatchRequest, BatchResult, Health, RunRequest, RunResult
 from .runtime import BadRequest, Overloaded, SandboxRuntime, languages
 
@@ -76,6 +76,10 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
         if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
+    def path_auth(path_token: str) -> None:
+        if token is not None and not hmac.compare_digest(path_token.encode(), token.encode()):
+            raise HTTPException(401, "wrong token in the path")
+
     def overloaded(exc: Overloaded) -> JSONResponse:
         return JSONResponse({"detail": f"sandbox overloaded: {exc}"}, status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -109,6 +113,23 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
             return overloaded(exc)
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futs))
         return BatchResult(results=[record(r, res) for r, res in zip(batch.runs, results)])
+
+    async def run_code(req: fusion.RunCodeRequest) -> Any:
+        translated = fusion.to_run_request(req)
+        if isinstance(translated, fusion.RunCodeResponse):
+            return translated
+        try:
+            (fut,) = submit([translated])
+        except Overloaded as exc:
+            return overloaded(exc)
+        except HTTPException as exc:
+            return fusion.sandbox_error(str(exc.detail))
+        return fusion.to_response(record(translated, await asyncio.wrap_future(fut)))
+
+    # SandboxFusion's client sends no credentials: with a token, point it at http://HOST:PORT/token/<token>.
+    app.post("/run_code", response_model=fusion.RunCodeResponse, dependencies=[Depends(auth)])(run_code)
+    app.post("/token/{path_token}/run_code", response_model=fusion.RunCodeResponse,
+             dependencies=[Depends(path_auth)])(run_code)
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:

@@ -31,6 +31,13 @@ if [ -f "$STAMP" ]; then generated_data; log "up to date ($VENV)"; exit 0; fi
 
 # libibverbs1: Mooncake's transfer engine links it even for TCP. crun/runc/bubblewrap: code sandbox.
 apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static iproute2
+# The sandbox's languages beyond python3, gcc/g++, node, java and bash: MultiPL-E's that Debian packages, and
+# TypeScript's compiler from the npm registry under /usr/local (containers of the host image see /usr).
+apt_install golang-go rustc ruby php-cli lua5.4 r-base-core
+if [ "$(id -u)" = 0 ] && command -v npm >/dev/null && ! tsc --version 2>/dev/null | grep -q "5.9.3"; then
+  log "typescript 5.9.3 (npm)"
+  npm install -g --silent --no-fund --no-audit typescript@5.9.3 >/dev/null
+fi
 
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)

@@ -15,6 +15,16 @@ ADD = {
             ["add(1, 2) == 3", "add(-9, 0) == -9", "add(0, 0) == 0"]),
     "java": ("class Solution { static int add(int a, int b) { return a + b; } }",
              ["Solution.add(1, 2) == 3", "Solution.add(2, 2) == 5", "Solution.add(0, 0) == 0"]),
+    "go": ("func add(a, b int) int { return a + b }", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) == 0"]),
+    "rust": ("fn add(a: i64, b: i64) -> i64 { if a < -5 { panic!(\"neg\") } a + b }",
+             ["add(1, 2) == 3", "add(-9, 0) == -9", "add(0, 0) == 0"]),
+    "ruby": ("def add(a, b) = a + b", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) == 0"]),
+    "php": ("function add($a, $b) { return $a + $b; }", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) === 0"]),
+    "perl": ("sub add { my ($a, $b) = @_; return $a + $b; } 1;", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) == 0"]),
+    "lua": ("function add(a, b) return a + b end", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) == 0"]),
+    "r": ("add <- function(a, b) a + b", ["add(1, 2) == 3", "add(2, 2) == 5", "add(0, 0) == 0"]),
+    "typescript": ("function add(a: number, b: number): number { return a + b; }",
+                   ["assert.strictEqual(add(1, 2), 3)", "assert.strictEqual(add(2, 2), 5)", "add(0, 0)"]),
 }
 CAT = {
     "python": "import sys\nprint(sys.stdin.read().upper(), end='')",
@@ -24,11 +34,27 @@ CAT = {
     "cpp": "#include <iostream>\n#include <cctype>\nint main(){char c; while(std::cin.get(c)) std::cout << (char)std::toupper(c);}",
     "java": ("import java.io.*;\npublic class Main { public static void main(String[] a) throws IOException {"
              " System.out.print(new String(System.in.readAllBytes()).toUpperCase()); } }"),
+    "go": ("package main\nimport (\"io\"; \"os\"; \"strings\")\n"
+           "func main() { b, _ := io.ReadAll(os.Stdin); os.Stdout.WriteString(strings.ToUpper(string(b))) }"),
+    "rust": ("use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s)"
+             ".unwrap(); print!(\"{}\", s.to_uppercase()); }"),
+    "ruby": "print $stdin.read.upcase",
+    "php": "<?php echo strtoupper(stream_get_contents(STDIN));",
+    "perl": "print uc(join('', <STDIN>));",
+    "lua": "io.write(string.upper(io.read('a')))",
+    "r": "writeLines(toupper(readLines(file('stdin'))))",
+    "typescript": "const s: string = require('fs').readFileSync(0, 'utf8'); process.stdout.write(s.toUpperCase());",
 }
+
+
+def _installed(client, language):
+    if language not in client.health().languages:
+        pytest.skip(f"{language} is not installed on this host (scripts/setup.sh installs it)")
 
 
 @pytest.mark.parametrize("language", sorted(ADD))
 def test_tests_harness(client, language):
+    _installed(client, language)
     code, tests = ADD[language]
     r = client.run(language, code, tests=tests)
     assert r.status.value == "ok", r
@@ -37,6 +63,7 @@ def test_tests_harness(client, language):
 
 @pytest.mark.parametrize("language", sorted(CAT))
 def test_stdin_roundtrip(client, language):
+    _installed(client, language)
     r = client.run(language, CAT[language], stdin="hello sandbox\n")
     assert r.status.value == "ok", r
     assert r.stdout == "HELLO SANDBOX\n"
