@@ -1,4 +1,4 @@
-"""SandboxFusion's HTTP API (bytedance/SandboxFusion: `POST /run_code`), served by tide's runtime so that its PyPI
+"""SandboxFusion's HTTP API (bytedance/SandboxFusion: `POST /run_code`, `POST /run_jupyter`), served by tide's runtime so that its PyPI
 client `sandbox-fusion` (sync and async) and the code-RL stacks built on it (veRL's sandbox reward, ...) work
 unchanged against `tide-sandbox serve`.
 
@@ -75,6 +75,60 @@ class RunCodeResponse(BaseModel):
     run_result: Optional[CommandRunResult] = None
     executor_pod_name: Optional[str] = None
     files: dict[str, str] = {}
+
+
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cells: list[str]
+    cell_timeout: float = Field(0, ge=0)  # 0: no per-cell limit
+    total_timeout: float = Field(45, gt=0)
+    memory_limit_MB: int = -1
+    kernel: str = "python3"
+    files: dict[str, Optional[str]] = {}
+    fetch_files: list[str] = []
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict]
+    error: list[dict]
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: Optional[CommandRunResult] = None
+    cells: list[CellRunResult] = []
+    executor_pod_name: Optional[str] = None
+    files: dict[str, str] = {}
+
+
+def jupyter_request(req: RunJupyterRequest) -> RunRequest | RunJupyterResponse:
+    if req.kernel != "python3":
+        return RunJupyterResponse(status=RunStatus.SandboxError, message=f"kernel {req.kernel!r} is not available "
+                                                                          f"(python3 is)")
+    files = {name: content for name, content in req.files.items() if isinstance(content, str)}
+    return RunRequest(language="python", code="", cells=req.cells, cell_timeout_s=req.cell_timeout or None,
+                      binary_files=files, fetch_files=req.fetch_files,
+                      limits=Limits(timeout_s=req.total_timeout,
+                                    memory_mb=req.memory_limit_MB if req.memory_limit_MB > 0 else None))
+
+
+def jupyter_response(res: RunResult) -> RunJupyterResponse:
+    """Success with every cell's output when the kernel ran them (a cell that raised is still Success, its error
+    in `error`, as in SandboxFusion); Failed with no cells when the driver did not finish."""
+    if res.status == Status.internal_error:
+        return RunJupyterResponse(status=RunStatus.SandboxError, message=res.stderr or "the sandbox failed")
+    finished = res.status == Status.ok
+    driver = CommandRunResult(
+        status=CommandRunStatus.TimeLimitExceeded if res.status == Status.timeout else CommandRunStatus.Finished,
+        execution_time=res.wall_ms / 1000, return_code=None if res.status == Status.timeout else res.exit_code,
+        stdout=res.stdout, stderr=res.stderr)
+    cells = [CellRunResult(**c.model_dump()) for c in res.cells or []] if finished else []
+    return RunJupyterResponse(status=RunStatus.Success if finished else RunStatus.Failed, driver=driver,
+                              cells=cells, files=res.files if finished else {})
 
 
 def sandbox_error(message: str) -> RunCodeResponse:

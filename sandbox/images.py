@@ -18,8 +18,8 @@ SANDBOX_GID = 65534
 
 # /etc entries the host image needs: dynamic linker cache and the alternatives symlinks that
 # /usr/bin/java etc. resolve through; the JDK reads its config from /etc/java-*, R from /etc/R (R_HOME/etc
-# links there), PHP its php.ini from /etc/php.
-_HOST_ETC_BINDS = ("/etc/alternatives", *sorted(glob.glob("/etc/java-*")), "/etc/R", "/etc/php")
+# links there), PHP its php.ini from /etc/php, fontconfig (matplotlib in Jupyter mode) /etc/fonts.
+_HOST_ETC_BINDS = ("/etc/alternatives", *sorted(glob.glob("/etc/java-*")), "/etc/R", "/etc/php", "/etc/fonts")
 _MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
@@ -55,7 +55,7 @@ def build_host_image(dest: Path) -> Image:
         if os.path.isdir(src):
             (dest / src.lstrip("/")).mkdir(parents=True, exist_ok=True)
             binds.append((src, src))
-    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf"):
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/matplotlibrc"):  # Debian's matplotlib reads the last
         if os.path.isfile(f):
             shutil.copyfile(f, dest / f.lstrip("/"))
     etc = dest / "etc"

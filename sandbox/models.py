@@ -62,6 +62,16 @@ class CaseResult(BaseModel):
     stderr: str = ""
 
 
+class CellResult(BaseModel):
+    """One Jupyter cell: its streams, display data (MIME bundles; image/png base64) and errors
+    ({ename, evalue, traceback})."""
+
+    stdout: str = ""
+    stderr: str = ""
+    display: list[dict] = Field(default_factory=list)
+    error: list[dict] = Field(default_factory=list)
+
+
 class RunRequest(BaseModel):
     language: str
     code: str
@@ -80,11 +90,16 @@ class RunRequest(BaseModel):
                                    "(limits apply per case) and check its stdout")
     checker: Checker = Field(default_factory=Checker)
     stop_on_first_failure: bool = False
+    cells: list[str] = Field(default_factory=list, description="Jupyter mode (python): run these cells in one "
+                             "fresh IPython kernel, in order; limits.timeout_s bounds them all")
+    cell_timeout_s: float | None = Field(None, gt=0, description="Jupyter mode: one cell's wall time")
 
     @model_validator(mode="after")
     def _one_mode(self) -> "RunRequest":
-        if self.cases and self.tests:
-            raise ValueError("give `tests` (tests mode) or `cases` (judge mode), not both")
+        if sum(map(bool, (self.tests, self.cases, self.cells))) > 1:
+            raise ValueError("give one of `tests` (tests mode), `cases` (judge mode) or `cells` (Jupyter mode)")
+        if self.cells and self.language not in ("python", "python3", "py"):
+            raise ValueError("Jupyter mode (`cells`) runs a python kernel: language must be python")
         return self
 
     @field_validator("binary_files")
@@ -116,6 +131,7 @@ class RunResult(BaseModel):
     cases: list[CaseResult] | None = Field(None, description="judge mode: one per case run, in order")
     cases_passed: int | None = None
     cases_total: int | None = None
+    cells: list[CellResult] | None = Field(None, description="Jupyter mode: one per cell run, in order")
 
 
 class BatchRequest(BaseModel):

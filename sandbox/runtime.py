@@ -32,7 +32,7 @@ from .cgroups import CgroupLayout, CgroupPool, Slot, detect
 from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
 from .languages import LANGUAGES, command, get_language
-from .models import CaseResult, RunRequest, RunResult, Status, Verdict
+from .models import CaseResult, CellResult, RunRequest, RunResult, Status, Verdict
 from .oci import runtime_spec
 from .sysutil import (
     MS_BIND,
@@ -115,6 +115,41 @@ def judged(result: RunResult, req: RunRequest, nonce: str) -> RunResult:
     return result.model_copy(update={
         "stdout": "".join(kept).rstrip("\n"), "cases": cases, "cases_total": len(req.cases),
         "cases_passed": sum(c.verdict == Verdict.accepted for c in cases)})
+
+
+# Jupyter mode (sandbox/harness/jupyter_driver.py is the container's init and starts one ipykernel).
+JUPYTER_RUN = ("python3", "-I", ".tide_jupyter.py")
+_KERNEL_START_S = 20.0
+
+
+def jupyter_files(req: RunRequest, limits: Resolved, nonce: str) -> dict[str, str]:
+    spec = {"nonce": nonce, "cells": req.cells, "cell_timeout_s": req.cell_timeout_s,
+            "start_timeout_s": _KERNEL_START_S}
+    return {".tide_jupyter.py": (_HARNESS / "jupyter_driver.py").read_text(), ".tide_jupyter.json": json.dumps(spec)}
+
+
+def jupyter_limits(limits: Resolved) -> Resolved:
+    """The request's limits for the cells, plus the kernel's start (about a second) and the report."""
+    return Resolved(timeout_s=limits.timeout_s + _KERNEL_START_S, memory_mb=limits.memory_mb,
+                    output_kb=limits.output_kb * 2 + 64, pids=limits.pids, disk_mb=limits.disk_mb)
+
+
+def jupyter_result(result: RunResult, nonce: str) -> RunResult:
+    """Cells from the driver's report; a kernel that would not start is a runtime error naming why."""
+    report, kept = None, []
+    for line in result.stdout.splitlines(keepends=True):
+        if line.startswith(nonce + " "):
+            report = json.loads(line[len(nonce) + 1:])
+        else:
+            kept.append(line)
+    update: dict = {"stdout": "".join(kept).strip("\n"), "cells": []}
+    if report:
+        update["cells"] = [CellResult.model_validate(c) for c in report["cells"]]
+        if report.get("kernel_error"):
+            update.update(status=Status.runtime_error, stderr=result.stderr + report["kernel_error"])
+    elif result.status == Status.ok:
+        update.update(status=Status.runtime_error, stderr=result.stderr + "the Jupyter driver gave no report")
+    return result.model_copy(update=update)
 
 
 def fetch_files(work: Path, names: list[str], max_bytes: int) -> dict[str, str]:
@@ -384,6 +419,9 @@ class SandboxRuntime:
         files.update(lang.harness(code, req.tests, nonce) if req.tests else {lang.source: code})
         if req.cases:
             files.update(judge_files(req, lang, limits, nonce))
+        if req.cells:
+            files.pop(lang.source, None)  # the cells are the code
+            files.update(jupyter_files(req, limits, nonce))
         # The slot's mount points persist; everything a run writes lives inside its three mounts.
         root = f"{self.dir}/slots/slot{w.slot.index}"
         rootfs, disk, out = f"{root}/rootfs", f"{root}/disk", f"{root}/out"
@@ -432,6 +470,8 @@ class SandboxRuntime:
                 compiled = {}
             if req.cases:
                 args, run_limits = list(JUDGE_RUN), judge_limits(limits, len(req.cases))
+            elif req.cells:
+                args, run_limits = list(JUPYTER_RUN), jupyter_limits(limits)
             else:
                 run = lang.tests_run if req.tests and lang.tests_run else lang.run
                 args, run_limits = command(lang, run, files, limits.memory_mb), limits
@@ -439,6 +479,8 @@ class SandboxRuntime:
             result = self._result(p, req, nonce, out_bytes, compiled)
             if req.cases:
                 result = judged(result, req, nonce)
+            elif req.cells:
+                result = jupyter_result(result, nonce)
             if req.fetch_files:
                 result.files = fetch_files(Path(rootfs, "work"), req.fetch_files, limits.disk_mb << 20)
             return result

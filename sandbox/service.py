@@ -126,10 +126,23 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
             return fusion.sandbox_error(str(exc.detail))
         return fusion.to_response(record(translated, await asyncio.wrap_future(fut)))
 
+    async def run_jupyter(req: fusion.RunJupyterRequest) -> Any:
+        translated = fusion.jupyter_request(req)
+        if isinstance(translated, fusion.RunJupyterResponse):
+            return translated
+        try:
+            (fut,) = submit([translated])
+        except Overloaded as exc:
+            return overloaded(exc)
+        except HTTPException as exc:
+            return fusion.RunJupyterResponse(status=fusion.RunStatus.SandboxError, message=str(exc.detail))
+        return fusion.jupyter_response(record(translated, await asyncio.wrap_future(fut)))
+
     # SandboxFusion's client sends no credentials: with a token, point it at http://HOST:PORT/token/<token>.
-    app.post("/run_code", response_model=fusion.RunCodeResponse, dependencies=[Depends(auth)])(run_code)
-    app.post("/token/{path_token}/run_code", response_model=fusion.RunCodeResponse,
-             dependencies=[Depends(path_auth)])(run_code)
+    for path, handler, model in (("run_code", run_code, fusion.RunCodeResponse),
+                                 ("run_jupyter", run_jupyter, fusion.RunJupyterResponse)):
+        app.post(f"/{path}", response_model=model, dependencies=[Depends(auth)])(handler)
+        app.post(f"/token/{{path_token}}/{path}", response_model=model, dependencies=[Depends(path_auth)])(handler)
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:

@@ -18,7 +18,7 @@ apt_install() {
   if ((${#missing[@]})); then
     if [ "$(id -u)" != 0 ]; then log "not root: skipping Debian packages ${missing[*]}"; return; fi
     log "apt-get install ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${APT_OPTS:-} "${missing[@]}" >/dev/null
   fi
 }
 
@@ -34,6 +34,8 @@ apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static ip
 # The sandbox's languages beyond python3, gcc/g++, node, java and bash: MultiPL-E's that Debian packages, and
 # TypeScript's compiler from the npm registry under /usr/local (containers of the host image see /usr).
 apt_install golang-go rustc ruby php-cli lua5.4 r-base-core
+# Jupyter mode's kernel (and matplotlib for image/png output), for the host image's python3.
+APT_OPTS=--no-install-recommends apt_install python3-ipykernel python3-jupyter-client python3-matplotlib
 if [ "$(id -u)" = 0 ] && command -v npm >/dev/null && ! tsc --version 2>/dev/null | grep -q "5.9.3"; then
   log "typescript 5.9.3 (npm)"
   npm install -g --silent --no-fund --no-audit typescript@5.9.3 >/dev/null

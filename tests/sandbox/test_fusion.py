@@ -10,7 +10,8 @@ import pytest
 TOKEN = "test-token"  # the session service's (conftest.py)
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion")
-from sandbox_fusion import RunCodeRequest, run_code, run_code_async  # noqa: E402
+from sandbox_fusion import (RunCodeRequest, RunJupyterRequest, run_code, run_code_async,  # noqa: E402
+                            run_jupyter)
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 
@@ -86,3 +87,16 @@ def test_wrong_path_token_is_refused(service):
     with pytest.raises(Exception, match="401"):
         run_code(RunCodeRequest(code="print(1)", language="python"), endpoint=f"{service.url}/token/wrong",
                  max_attempts=1)
+
+
+def test_run_jupyter(endpoint):
+    r = run_jupyter(RunJupyterRequest(cells=["a = 20", "print(a + 1)", "a * 2", "undefined_name"],
+                                      files={"data.txt": base64.b64encode(b"payload").decode()},
+                                      fetch_files=["out.txt"]), endpoint=endpoint, max_attempts=1)
+    assert r.status.value == "Success" and r.driver.status.value == "Finished", r
+    assert [c.stdout for c in r.cells] == ["", "21\n", "", ""]
+    assert r.cells[2].display == [{"text/plain": "40"}] and r.cells[3].error[0]["ename"] == "NameError"
+    written = run_jupyter(RunJupyterRequest(cells=["open('out.txt', 'w').write(open('data.txt').read().upper())"],
+                                            files={"data.txt": base64.b64encode(b"payload").decode()},
+                                            fetch_files=["out.txt"]), endpoint=endpoint, max_attempts=1)
+    assert base64.b64decode(written.files["out.txt"]) == b"PAYLOAD"
