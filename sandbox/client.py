@@ -7,7 +7,8 @@ from typing import Any
 
 import httpx
 
-from .models import BatchResult, Health, Limits, RunRequest, RunResult
+from .models import (BatchResult, Health, Limits, RunRequest, RunResult, SessionInfo, SessionRequest, SessionResult,
+                     SessionRun)
 
 
 class SandboxError(RuntimeError):
@@ -80,6 +81,19 @@ class SandboxClient:
             body = {"runs": [q.model_dump(mode="json", exclude_none=True) for q in chunk]}
             out += BatchResult.model_validate(self._request("POST", "/run_batch", json=body).json()).results
         return out
+
+    # ---- sessions: a live Python namespace in its own container (POST/DELETE /sessions)
+    def open_session(self, limits: Limits | dict | None = None, ttl_s: float = 300.0) -> str:
+        req = SessionRequest(limits=Limits.model_validate(limits or {}), ttl_s=ttl_s)
+        return SessionInfo.model_validate(
+            self._request("POST", "/sessions", json=req.model_dump(mode="json", exclude_none=True)).json()).id
+
+    def run_in_session(self, session_id: str, code: str, timeout_s: float | None = None) -> SessionResult:
+        body = SessionRun(code=code, timeout_s=timeout_s).model_dump(exclude_none=True)
+        return SessionResult.model_validate(self._request("POST", f"/sessions/{session_id}/run", json=body).json())
+
+    def close_session(self, session_id: str) -> None:
+        self._request("DELETE", f"/sessions/{session_id}")
 
     def health(self) -> Health:
         return Health.model_validate(self._request("GET", "/health").json())

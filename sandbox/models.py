@@ -149,6 +149,39 @@ class Health(BaseModel):
     busy: int
     queued: int
     broken_slots: int
+    sessions: int = 0
+    max_sessions: int = 0
     max_batch: int
     languages: list[str]
     images: list[str]
+
+
+class SessionRequest(BaseModel):
+    """POST /sessions: a long-lived Python namespace in its own container (sandbox/sessions.py)."""
+
+    language: Literal["python"] = "python"
+    limits: Limits = Field(default_factory=Limits, description="memory, pids, disk and output per cell; "
+                           "timeout_s is each cell's default wall time")
+    ttl_s: float = Field(300.0, gt=0, le=3600, description="idle time after which the session is reaped")
+    image: str | None = None
+
+
+class SessionInfo(BaseModel):
+    id: str
+    ttl_s: float
+
+
+class SessionRun(BaseModel):
+    code: str
+    timeout_s: float | None = Field(None, gt=0)
+
+
+class SessionResult(BaseModel):
+    """One cell of a session. `timeout` and `dead` end the session (its state is gone)."""
+
+    status: Literal["ok", "error", "timeout", "dead"]
+    stdout: str = ""
+    stderr: str = ""
+    display: list[dict] = Field(default_factory=list)
+    error: list[dict] = Field(default_factory=list)
+    wall_ms: float = 0.0

@@ -24,15 +24,19 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from . import metrics
 from .cgroups import CgroupLayout, CgroupPool, Slot, detect
 from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
 from .languages import LANGUAGES, command, get_language
-from .models import CaseResult, CellResult, RunRequest, RunResult, Status, Verdict
+from .models import CaseResult, CellResult, RunRequest, RunResult, SessionRequest, Status, Verdict
+from .sessions import DRIVER as SESSION_DRIVER
+from .sessions import Session
 from .oci import runtime_spec
 from .sysutil import (
     MS_BIND,
@@ -202,6 +206,10 @@ class Worker(threading.Thread):
             if job is None:
                 return
             req, fut = job
+            if isinstance(req, Session):
+                if not self._serve_session(req):
+                    return
+                continue
             if not fut.set_running_or_notify_cancel():
                 self.rt._release(1)
                 continue
@@ -227,6 +235,30 @@ class Worker(threading.Thread):
             fut.set_result(res)
 
 
+    def _serve_session(self, session: Session) -> bool:
+        """Hold this slot for a session until it ends; False when the slot had to be taken out of service."""
+        self.busy = True
+        metrics.BUSY.inc()
+        try:
+            self.rt._execute_session(self, session)
+        except Exception as exc:  # never let one session take the worker down
+            log.exception("session failed")
+            if not session.ready.done():
+                session.ready.set_exception(exc)
+        finally:
+            self.busy = False
+            metrics.BUSY.dec()
+            self.rt._session_ended(session)
+            self.rt._release(1)
+            session.ended.set()
+        if not self.slot.drain(timeout_s=5.0):
+            log.error("slot %d: processes survive SIGKILL; taking it out of service", self.slot.index)
+            self.broken = True
+            metrics.BROKEN.inc()
+            return False
+        return True
+
+
 class SandboxRuntime:
     def __init__(self, config: SandboxConfig | None = None):
         self.config = config or SandboxConfig()
@@ -237,6 +269,7 @@ class SandboxRuntime:
         self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._inflight = 0
+        self._sessions: dict[str, Session] = {}
         self._seq = itertools.count()
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
@@ -312,6 +345,10 @@ class SandboxRuntime:
         if not self._started:
             return
         self._started = False
+        with self._lock:
+            live = list(self._sessions.values())
+        for session in live:  # their workers return to the queue and then see the end marker
+            session.close()
         for _ in self.workers:
             self._jobs.put(None)
         for w in self.workers:
@@ -348,6 +385,55 @@ class SandboxRuntime:
         log.error("could not remove %s", d)
 
     # ---------------------------------------------------------------- submission
+    # ---------------------------------------------------------------- sessions
+    @property
+    def max_sessions(self) -> int:
+        """Live sessions allowed: each holds a slot, so some slots always stay for runs."""
+        return self.config.max_sessions or max(1, len(self.workers) // 2)
+
+    def open_session(self, req: SessionRequest) -> Session:
+        """Queue a session's start; its `ready` future gives the id once its kernel answers."""
+        image = req.image or self.config.default_image
+        if image not in self.images:
+            raise BadRequest(f"unknown image {image!r}; known: {sorted(self.images)}")
+        limits = self.config.effective(req.limits)
+        session = Session(req, output_bytes=limits.output_kb * 1024, default_timeout_s=limits.timeout_s)
+        with self._lock:
+            if len(self._sessions) >= self.max_sessions:
+                metrics.REJECTED.inc()
+                raise Overloaded(f"{len(self._sessions)} sessions live (max {self.max_sessions})")
+            self._sessions[session.id] = session
+        try:
+            self._reserve(1)
+        except Overloaded:
+            self._session_ended(session)
+            raise
+        self._jobs.put((session, None))
+        return session
+
+    def session(self, session_id: str) -> Session:
+        with self._lock:
+            return self._sessions[session_id]  # KeyError: unknown or ended
+
+    def live_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def _session_ended(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.pop(session.id, None)
+
+    def _execute_session(self, w: Worker, session: Session) -> None:
+        limits = self.config.effective(session.req.limits)
+        image = self.images[session.req.image or self.config.default_image]
+        files = {".tide_session.py": SESSION_DRIVER.read_text()}
+        # The container lives until the session ends (at most max_session_s); limits.timeout_s is per cell.
+        lifetime = Resolved(timeout_s=self.config.max_session_s, memory_mb=limits.memory_mb,
+                            output_kb=limits.output_kb, pids=limits.pids, disk_mb=limits.disk_mb)
+        args = ["python3", "-I", ".tide_session.py", str(limits.output_kb * 1024)]
+        with self._workspace(w, limits, image, files, {}, b"", limits.output_kb * 1024) as (rootfs, out, _):
+            self._phase(w, rootfs, image, args, lifetime, None, out, "session", session=session)
+
     def _reserve(self, n: int) -> None:
         with self._lock:
             if self._inflight + n > self.capacity:
@@ -422,32 +508,11 @@ class SandboxRuntime:
         if req.cells:
             files.pop(lang.source, None)  # the cells are the code
             files.update(jupyter_files(req, limits, nonce))
-        # The slot's mount points persist; everything a run writes lives inside its three mounts.
-        root = f"{self.dir}/slots/slot{w.slot.index}"
-        rootfs, disk, out = f"{root}/rootfs", f"{root}/disk", f"{root}/out"
         out_bytes = limits.output_kb * 1024
         compile_out = (self.config.compile_limits.output_kb or 64) * 1024
-        stdin_bytes = req.stdin.encode()
-        mounted: list[str] = []
-        try:
-            inodes = max(4096, limits.disk_mb * 256)  # bounds kernel memory spent on many tiny files too
-            mount("tmpfs", disk, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.disk_mb}m,nr_inodes={inodes},mode=755")
-            mounted.append(disk)
-            # Captured output (and the bundles, stdin) live apart from the writable layer, so a disk-filling
-            # program keeps its stdout.
-            out_size = max(out_bytes, compile_out) + len(stdin_bytes) + 256 * 1024
-            mount("tmpfs", out, "tmpfs", MS_NOSUID | MS_NODEV, f"size={out_size},mode=700")
-            mounted.append(out)
-            os.mkdir(f"{disk}/upper")
-            os.mkdir(f"{disk}/work")
-            mount("overlay", rootfs, "overlay", 0, f"lowerdir={image.lower},upperdir={disk}/upper,workdir={disk}/work")
-            mounted.append(rootfs)
-            self._write_files(Path(rootfs, "work"), files)
-            self._write_files(Path(rootfs, "work"), {k: base64.b64decode(v, validate=True)
-                                                     for k, v in req.binary_files.items()})
-            stdin = f"{out}/stdin"
-            with open(stdin, "wb") as f:
-                f.write(stdin_bytes)
+        binary = {k: base64.b64decode(v, validate=True) for k, v in req.binary_files.items()}
+        with self._workspace(w, limits, image, files, binary, req.stdin.encode(),
+                             max(out_bytes, compile_out)) as (rootfs, out, stdin):
             compile_output = None
             if lang.compile:
                 climits = self.config.compile_step(limits, req.compile_timeout_s)
@@ -484,6 +549,35 @@ class SandboxRuntime:
             if req.fetch_files:
                 result.files = fetch_files(Path(rootfs, "work"), req.fetch_files, limits.disk_mb << 20)
             return result
+
+    @contextmanager
+    def _workspace(self, w: Worker, limits: Resolved, image: Image, files: dict[str, str],
+                   binary_files: dict[str, bytes], stdin_bytes: bytes, out_bytes: int) -> Iterator[tuple[str, str, str]]:
+        """The slot's three mounts for one execution (rootfs, out, and the path of the stdin file), the files
+        written under /work; everything is unmounted on the way out. The slot's mount points persist;
+        everything a run writes lives inside these mounts."""
+        root = f"{self.dir}/slots/slot{w.slot.index}"
+        rootfs, disk, out = f"{root}/rootfs", f"{root}/disk", f"{root}/out"
+        mounted: list[str] = []
+        try:
+            inodes = max(4096, limits.disk_mb * 256)  # bounds kernel memory spent on many tiny files too
+            mount("tmpfs", disk, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.disk_mb}m,nr_inodes={inodes},mode=755")
+            mounted.append(disk)
+            # Captured output (and the bundles, stdin) live apart from the writable layer, so a disk-filling
+            # program keeps its stdout.
+            out_size = out_bytes + len(stdin_bytes) + 256 * 1024
+            mount("tmpfs", out, "tmpfs", MS_NOSUID | MS_NODEV, f"size={out_size},mode=700")
+            mounted.append(out)
+            os.mkdir(f"{disk}/upper")
+            os.mkdir(f"{disk}/work")
+            mount("overlay", rootfs, "overlay", 0, f"lowerdir={image.lower},upperdir={disk}/upper,workdir={disk}/work")
+            mounted.append(rootfs)
+            self._write_files(Path(rootfs, "work"), files)
+            self._write_files(Path(rootfs, "work"), binary_files)
+            stdin = f"{out}/stdin"
+            with open(stdin, "wb") as f:
+                f.write(stdin_bytes)
+            yield rootfs, out, stdin
         finally:
             for m in reversed(mounted):
                 umount_quiet(m)
@@ -503,7 +597,9 @@ class SandboxRuntime:
             os.chown(path, SANDBOX_UID, SANDBOX_GID)
 
     def _phase(self, w: Worker, rootfs: str, image: Image, args: list[str], limits: Resolved,
-               stdin: str | None, out: str, tag: str) -> Phase:
+               stdin: str | None, out: str, tag: str, session: Session | None = None) -> Phase:
+        """One container to its end. With `session`, its stdin and stdout are pipes the session serves cells
+        over until it ends (the container is then killed); otherwise they are files."""
         slot = w.slot
         cid = f"tide-{os.getpid()}-{slot.index}-{next(self._seq)}-{tag}"
         bundle = f"{out}/{tag}"
@@ -524,10 +620,18 @@ class SandboxRuntime:
         with open(f"{out}/{tag}.stdout", "w+b") as fo, open(f"{out}/{tag}.stderr", "w+b") as fe, \
                 open(stdin if stdin else os.devnull, "rb") as fi:
             t0 = time.monotonic()
-            proc = subprocess.Popen(cmd, stdin=fi, stdout=fo, stderr=fe, close_fds=True, env=self._crun_env)
+            piped = subprocess.PIPE if session else None
+            proc = subprocess.Popen(cmd, stdin=piped or fi, stdout=piped or fo, stderr=fe, close_fds=True,
+                                    env=self._crun_env)
             deadline = t0 + limits.timeout_s
             pidfd = os.pidfd_open(proc.pid)
             try:
+                if session is not None:
+                    session.serve(proc, pidfd, deadline)
+                    if proc.poll() is None:
+                        self._kill(slot, pidfile)
+                    proc.stdin.close()
+                    proc.stdout.close()
                 poller = select.poll()
                 poller.register(pidfd, select.POLLIN)
                 while True:

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import fusion, metrics
-from .models import BatchRequest, BatchResult, Health, RunRequest, RunResult
+from .models import (BatchRequest, BatchResult, Health, RunRequest, RunResult, SessionInfo, SessionRequest,
+                     SessionResult, SessionRun)
+from .sessions import SessionEnded
 from .runtime import BadRequest, Overloaded, SandboxRuntime, languages
 
 RETRY_AFTER_S = 1
@@ -144,6 +146,38 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
         app.post(f"/{path}", response_model=model, dependencies=[Depends(auth)])(handler)
         app.post(f"/token/{{path_token}}/{path}", response_model=model, dependencies=[Depends(path_auth)])(handler)
 
+    @app.post("/sessions", response_model=SessionInfo, dependencies=[Depends(auth)])
+    async def open_session(req: SessionRequest) -> Any:
+        try:
+            session = runtime.open_session(req)
+        except Overloaded as exc:
+            return overloaded(exc)
+        except BadRequest as exc:
+            raise HTTPException(400, str(exc)) from exc
+        try:
+            return SessionInfo(id=await asyncio.wrap_future(session.ready), ttl_s=req.ttl_s)
+        except SessionEnded as exc:
+            raise HTTPException(500, f"the session did not start: {exc}") from exc
+
+    def live(session_id: str):
+        try:
+            return runtime.session(session_id)
+        except KeyError:
+            raise HTTPException(404, f"no live session {session_id!r} (closed, reaped or ended)") from None
+
+    @app.post("/sessions/{session_id}/run", response_model=SessionResult, dependencies=[Depends(auth)])
+    async def run_in_session(session_id: str, cell: SessionRun) -> Any:
+        try:
+            fut = live(session_id).run(cell.code, cell.timeout_s)
+            return await asyncio.wrap_future(fut)
+        except SessionEnded as exc:
+            raise HTTPException(404, f"session {session_id!r} ended: {exc}") from exc
+
+    @app.delete("/sessions/{session_id}", dependencies=[Depends(auth)])
+    async def close_session(session_id: str) -> Any:
+        live(session_id).close()
+        return {"closed": session_id}
+
     @app.get("/health", response_model=Health)
     async def health() -> Health:
         s = runtime.stats()
@@ -151,6 +185,7 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
         mode = runtime.layout.mode.value if runtime.layout else ""
         return Health(status="ok" if ok else "degraded", cgroup_mode=mode,
                       slots=s["slots"], busy=s["busy"], queued=s["queued"], broken_slots=s["broken"],
+                      sessions=runtime.live_sessions(), max_sessions=runtime.max_sessions,
                       max_batch=runtime.capacity,
                       languages=languages(), images=sorted(runtime.images))
 

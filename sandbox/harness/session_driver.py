@@ -1,0 +1,84 @@
+"""A session's driver, the container's init: a persistent Python namespace that runs one cell per request.
+
+Requests and replies are length-prefixed JSON on the descriptors the service gave as stdin and stdout; a
+cell's own stdout and stderr are captured in memfds (so a subprocess's output is caught too), the value of a
+trailing expression is shown as text/plain display data, and an exception becomes {ename, evalue, traceback}.
+The cells are the session owner's own code: nothing here is a verdict, so nothing needs hiding from them."""
+import ast
+import json
+import os
+import struct
+import sys
+import traceback
+
+_OUTPUT_BYTES = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
+
+
+def _read(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise SystemExit(0)  # the service closed the session
+        data += chunk
+    return data
+
+
+def _send(fd: int, message: dict) -> None:
+    body = json.dumps(message).encode()
+    os.write(fd, struct.pack("<I", len(body)) + body)
+
+
+def _captured(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    data = os.read(fd, _OUTPUT_BYTES)
+    os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def _run(code: str, scope: dict) -> dict:
+    result: dict = {"display": [], "error": []}
+    try:
+        tree = ast.parse(code, "<cell>", "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, "<cell>", "exec"), scope)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), scope)
+            if value is not None:
+                result["display"].append({"text/plain": repr(value)})
+    except BaseException as e:  # SystemExit and KeyboardInterrupt in a cell end the cell, not the session
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":  # from the cell's own frames
+            tb = tb.tb_next
+        result["error"].append({"ename": type(e).__name__, "evalue": str(e),
+                                "traceback": traceback.format_exception(type(e), e, tb)})
+    return result
+
+
+def main() -> None:
+    requests, replies = os.dup(0), os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    _send(replies, {"ready": True})
+    while True:
+        (size,) = struct.unpack("<I", _read(requests, 4))
+        code = json.loads(_read(requests, size))["code"]
+        out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        result = _run(code, scope)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        result["stdout"], result["stderr"] = _captured(out), _captured(err)
+        _send(replies, result)
+
+
+if __name__ == "__main__":
+    main()
