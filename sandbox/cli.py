@@ -40,11 +40,15 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
           no_pivot: bool = typer.Option(False, help="crun --no-pivot: chroot instead of pivot_root (faster "
                                         "under load; see README)"),
           token: Optional[str] = typer.Option(None, envvar="TIDE_SANDBOX_TOKEN", help="required bearer token"),
+          max_sessions: Optional[int] = typer.Option(None, help="live sessions (each holds a slot; default half "
+                                                     "the pool)"),
+          max_session_s: float = typer.Option(3600.0, help="a session's longest life"),
           log_level: str = "info") -> None:
     """Start the HTTP service (needs root, or delegated cgroups plus overlayfs)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = _config(state_dir, pool_size, max_queue, rootfs, default_image, token)
     cfg.no_pivot = no_pivot
+    cfg.max_sessions, cfg.max_session_s = max_sessions, max_session_s
     from .runtime import SandboxRuntime  # noqa: E402  (start before uvicorn spawns any thread)
 
     runtime = SandboxRuntime(cfg).start(private_namespace=True)

@@ -82,6 +82,17 @@ BWRAP = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-
          "--chdir", "/tmp"]
 
 
+# A bare ipykernel's start and first cell, outside any container: Jupyter's own client and kernel, over TCP.
+KERNEL_START = """
+from jupyter_client import KernelManager
+km = KernelManager(kernel_name="python3")
+km.start_kernel()
+kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=60)
+kc.execute_interactive("1+1", timeout=60)
+kc.stop_channels(); km.shutdown_kernel(now=True)
+"""
+
+
 def timed_subprocess(cmd: list[str], expect: bytes) -> float:
     """Output goes to a file, as the contender's does (pumping pipes in Python threads would handicap it).
     Each baseline process gets its own session: with the scheduler's autogroup feature (on here), processes
@@ -236,7 +247,120 @@ def main() -> None:
                 hb.append(sample(variants["crun-pool"], c, per(c), pool)[0] * CORES)
             report.add(f"http_run_c{c}", "HTTP POST /run", "in-process runtime", "requests/s (whole machine)",
                        ha, hb, concurrency=c)
+        # SandboxFusion's /run_code (its request and response translated) against tide's /run.
+        def http_run_code() -> float:
+            t0 = time.perf_counter()
+            r = http.post("/run_code", json={"language": "python", "code": PRINT1})
+            if r.status_code != 200 or r.json()["run_result"]["stdout"] != "1\n":
+                raise RuntimeError(r.text)
+            return time.perf_counter() - t0
+
+        http_run_code()
+        for c in (1, 8):
+            fa, fb = [], []
+            for _ in range(reps):
+                fa.append(sample(http_run_code, c, per(c), pool)[0] * CORES)
+                fb.append(sample(http_run, c, per(c), pool)[0] * CORES)
+            row = report.add(f"http_run_code_c{c}", "HTTP POST /run_code (SandboxFusion API)", "HTTP POST /run",
+                             "requests/s (whole machine)", fa, fb, concurrency=c)
+            report.goal(f"http_run_code_c{c}_vs_run", row["ratio"], 0.9)
+        # Sessions: a warm session's `1+1` over HTTP, and opening one, against a bare ipykernel started outside
+        # any container (what a Jupyter-backed session would pay; tide's session is a plain Python namespace,
+        # so Jupyter mode's kernel start in a container is reported beside it as the like-for-like row).
+        from sandbox.client import SandboxClient
+
+        with SandboxClient(url) as sc:
+            sid = sc.open_session()
+            for _ in range(20):
+                sc.run_in_session(sid, "1+1")
+            cell_ms = []
+            for _ in range(reps * 40):
+                t0 = time.perf_counter()
+                if sc.run_in_session(sid, "1+1").display != [{"text/plain": "2"}]:
+                    raise RuntimeError("session cell")
+                cell_ms.append((time.perf_counter() - t0) * 1000)
+            sc.close_session(sid)
+            p50 = pct(cell_ms, .5)
+            report.note("session_cell_latency_ms", {"p50": round(p50, 3), "p99": round(pct(cell_ms, .99), 3),
+                                                    "n": len(cell_ms), "code": "1+1", "over": "HTTP"})
+            report.goal("session_cell_p50_within_10ms (10 ms / p50)", 10.0 / p50, 1.0)
+
+            def open_close() -> float:
+                t0 = time.perf_counter()
+                s_id = sc.open_session()
+                took = time.perf_counter() - t0
+                sc.close_session(s_id)
+                deadline = time.monotonic() + 10
+                while sc.health().sessions and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return took
+
+            def bare_kernel() -> float:
+                t0 = time.perf_counter()
+                km = subprocess.run([PY, "-c", KERNEL_START], capture_output=True, text=True, timeout=60)
+                if km.returncode != 0:
+                    raise RuntimeError(km.stderr[-500:])
+                return time.perf_counter() - t0
+
+            def jupyter_in_container() -> float:
+                t0 = time.perf_counter()
+                r = rt.run(RunRequest(language="python", code="", cells=["1+1"]))
+                if not r.cells or r.cells[0].display != [{"text/plain": "2"}]:
+                    raise RuntimeError(r)
+                return time.perf_counter() - t0
+
+            open_close(), bare_kernel(), jupyter_in_container()
+            sa, sb, sj = [], [], []
+            for _ in range(reps):
+                sa.append(statistics.median(open_close() for _ in range(5)) * 1000)
+                sb.append(statistics.median(bare_kernel() for _ in range(3)) * 1000)
+                sj.append(statistics.median(jupyter_in_container() for _ in range(3)) * 1000)
+            row = report.add("session_start_vs_bare_ipykernel", "POST /sessions (ready)",
+                             "bare ipykernel start + first `1+1`, no container", "ms", sa, sb, higher_is_better=False)
+            report.goal("session_start_vs_bare_ipykernel (speed-up)", 1 / row["ratio"], 0.8)
+            report.add("jupyter_mode_vs_bare_ipykernel", "Jupyter mode request, one `1+1` cell, in a container",
+                       "bare ipykernel start + first `1+1`, no container", "ms", sj, sb, higher_is_better=False)
         http.close()
+        # Judge mode: 20 stdin/stdout cases in one container against one case (compile once, one container
+        # start: the goal, in C++), the same in Python (an interpreter start per case), and Python's two-process
+        # tests mode against a plain run of the same code (the price of verdicts the solution cannot forge).
+        programs = {"cpp": "#include <cstdio>\nint main(){long a,b; scanf(\"%ld %ld\",&a,&b); printf(\"%ld\\n\",a+b);}",
+                    "python": "a, b = map(int, input().split())\nprint(a + b)"}
+        cases = [{"stdin": f"{i} {i}\n", "expected_stdout": f"{2 * i}\n"} for i in range(20)]
+
+        def judged(language: str, n: int) -> Fn:
+            req = RunRequest(language=language, code=programs[language], cases=cases[:n])
+
+            def fn() -> float:
+                t0 = time.perf_counter()
+                res = rt.run(req)
+                if res.cases_passed != n:
+                    raise RuntimeError(res)
+                return time.perf_counter() - t0
+            return fn
+
+        for language in programs:
+            one, twenty = judged(language, 1), judged(language, 20)
+            one(), twenty()
+            ta, tb = [], []
+            for _ in range(reps):
+                ta.append(statistics.median(one() for _ in range(3)) * 1000)
+                tb.append(statistics.median(twenty() for _ in range(3)) * 1000)
+            row = report.add(f"judge_20_cases_vs_1_{language}", f"judge mode, 20 cases ({language})",
+                             f"judge mode, 1 case ({language})", "ms per request (compile included), sequential",
+                             tb, ta, higher_is_better=False)
+            if language == "cpp":
+                report.goal("judge_cpp_one_case_over_20_cases (>= 1/3: 20 cases cost at most 3x one)",
+                            1 / row["ratio"], 1 / 3)
+        tests_req = RunRequest(language="python", code="def add(a, b):\n    return a + b",
+                               tests=["assert add(1, 2) == 3"] * 5)
+        plain_req = RunRequest(language="python", code="def add(a, b):\n    return a + b\nassert add(1, 2) == 3")
+        ua, ub = [], []
+        for _ in range(reps):
+            ua.append(statistics.median(timed_runtime(rt, tests_req, "") for _ in range(5)) * 1000)
+            ub.append(statistics.median(timed_runtime(rt, plain_req, "") for _ in range(5)) * 1000)
+        report.add("python_tests_mode_vs_plain", "tests mode (judge + solution processes)", "plain run",
+                   "ms per request, sequential", ua, ub, higher_is_better=False)
         elapsed = time.perf_counter() - t_start
         report.note("seconds", round(elapsed, 1))  # the measurements, without set-up and warm-up
         report.machine_extra["cgroups"] = rt.layout.mode.value if rt.layout else "?"
