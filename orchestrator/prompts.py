@@ -20,6 +20,7 @@ found by rendering a conversation; the engines stop on it and warm-start complet
 it (plain prompts' with the end-of-sequence token)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Sequence
@@ -90,17 +91,22 @@ class PromptRenderer:
     def end_of_turn_ids(self) -> list[int]:
         """The special token a chat template writes right after an assistant message's content ([] for no
         template, or a template that writes none)."""
+        return list(self._end_of_turn)
+
+    @functools.cached_property
+    def _end_of_turn(self) -> tuple[int, ...]:
+        # Found once per renderer: every warm-start and probe completion of a chat prompt ends with it.
         if self.mode == "none" or not self.template:
-            return []
+            return ()
         try:
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}],
                 chat_template=self.template, tokenize=False)
         except Exception:  # a template that refuses this conversation: no end-of-turn token known
-            return []
+            return ()
         _, found, after = text.partition(_MARK)
         ids = self.tokenizer(after, add_special_tokens=False).input_ids if found else []
-        return ids[:1] if ids and ids[0] in self._special_ids() else []
+        return tuple(ids[:1]) if ids and ids[0] in self._special_ids() else ()
 
     def _special_ids(self) -> set[int]:
         # Special tokens in the tokenizer's map, and added tokens flagged special (Llama 3's <|eot_id|> is one
