@@ -105,10 +105,13 @@ class RunJupyterResponse(BaseModel):
     files: dict[str, str] = {}
 
 
+def jupyter_error(message: str) -> RunJupyterResponse:
+    return RunJupyterResponse(status=RunStatus.SandboxError, message=message)
+
+
 def jupyter_request(req: RunJupyterRequest) -> RunRequest | RunJupyterResponse:
     if req.kernel != "python3":
-        return RunJupyterResponse(status=RunStatus.SandboxError, message=f"kernel {req.kernel!r} is not available "
-                                                                          f"(python3 is)")
+        return jupyter_error(f"kernel {req.kernel!r} is not available (python3 is)")
     files = {name: content for name, content in req.files.items() if isinstance(content, str)}
     return RunRequest(language="python", code="", cells=req.cells, cell_timeout_s=req.cell_timeout or None,
                       binary_files=files, fetch_files=req.fetch_files,
@@ -120,7 +123,7 @@ def jupyter_response(res: RunResult) -> RunJupyterResponse:
     """Success with every cell's output when the kernel ran them (a cell that raised is still Success, its error
     in `error`, as in SandboxFusion); Failed with no cells when the driver did not finish."""
     if res.status == Status.internal_error:
-        return RunJupyterResponse(status=RunStatus.SandboxError, message=res.stderr or "the sandbox failed")
+        return jupyter_error(res.stderr or "the sandbox failed")
     finished = res.status == Status.ok
     driver = CommandRunResult(
         status=CommandRunStatus.TimeLimitExceeded if res.status == Status.timeout else CommandRunStatus.Finished,

@@ -116,29 +116,24 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futs))
         return BatchResult(results=[record(r, res) for r, res in zip(batch.runs, results)])
 
-    async def run_code(req: fusion.RunCodeRequest) -> Any:
-        translated = fusion.to_run_request(req)
-        if isinstance(translated, fusion.RunCodeResponse):
+    async def through_runtime(translated: Any, answer: Callable, refused: Callable) -> Any:
+        """A SandboxFusion request run as tide's: `answer` maps the result, `refused(message)` builds the
+        SandboxError reply (a translation that is already a reply is returned as it is)."""
+        if not isinstance(translated, RunRequest):
             return translated
         try:
             (fut,) = submit([translated])
         except Overloaded as exc:
             return overloaded(exc)
         except HTTPException as exc:
-            return fusion.sandbox_error(str(exc.detail))
-        return fusion.to_response(record(translated, await asyncio.wrap_future(fut)))
+            return refused(str(exc.detail))
+        return answer(record(translated, await asyncio.wrap_future(fut)))
+
+    async def run_code(req: fusion.RunCodeRequest) -> Any:
+        return await through_runtime(fusion.to_run_request(req), fusion.to_response, fusion.sandbox_error)
 
     async def run_jupyter(req: fusion.RunJupyterRequest) -> Any:
-        translated = fusion.jupyter_request(req)
-        if isinstance(translated, fusion.RunJupyterResponse):
-            return translated
-        try:
-            (fut,) = submit([translated])
-        except Overloaded as exc:
-            return overloaded(exc)
-        except HTTPException as exc:
-            return fusion.RunJupyterResponse(status=fusion.RunStatus.SandboxError, message=str(exc.detail))
-        return fusion.jupyter_response(record(translated, await asyncio.wrap_future(fut)))
+        return await through_runtime(fusion.jupyter_request(req), fusion.jupyter_response, fusion.jupyter_error)
 
     # SandboxFusion's client sends no credentials: with a token, point it at http://HOST:PORT/token/<token>.
     for path, handler, model in (("run_code", run_code, fusion.RunCodeResponse),
