@@ -45,11 +45,14 @@ class Language:
 _HARNESS = Path(__file__).with_name("harness")
 
 
+_PY_HARNESS = {name: (_HARNESS / source).read_text() for name, source in
+               (("main.py", "python_judge.py"), ("runner.py", "python_runner.py"), ("python_wire.py", "python_wire.py"),
+                (".tide_init.py", "container_init.py"))}
+
+
 def _py_harness(code: str, tests: list[str], nonce: str) -> Files:
     """Tests run in a judge process apart from the solution's (sandbox/harness/python_judge.py)."""
-    return {"solution.py": code, "main.py": (_HARNESS / "python_judge.py").read_text(),
-            "runner.py": (_HARNESS / "python_runner.py").read_text(),
-            "python_wire.py": (_HARNESS / "python_wire.py").read_text(),
+    return {"solution.py": code, **_PY_HARNESS,
             "judge_input.json": json.dumps({"nonce": nonce, "tests": tests})}
 
 

@@ -86,6 +86,10 @@ class Phase:
 # Judge mode (sandbox/harness/judge_driver.py is the container's init; the program runs once per case under it).
 JUDGE_RUN = ("python3", "-I", ".tide_judge.py")
 _HARNESS = Path(__file__).with_name("harness")
+_JUDGE_DRIVER = (_HARNESS / "judge_driver.py").read_text()
+_CHECKERS = (_HARNESS / "checkers.py").read_text()
+_JUPYTER_DRIVER = (_HARNESS / "jupyter_driver.py").read_text()
+_CONTAINER_INIT = (_HARNESS / "container_init.py").read_text()  # what each driver loads first
 _ECHO_BYTES = 1024  # of each case's output, returned for debugging
 
 
@@ -95,8 +99,8 @@ def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str) -> dict[str
             "timeout_s": limits.timeout_s, "output_bytes": limits.output_kb * 1024,
             "memory_kb": limits.memory_mb * 1024, "echo_bytes": _ECHO_BYTES,
             "stop_on_first_failure": req.stop_on_first_failure,
-            "checkers_source": (_HARNESS / "checkers.py").read_text()}
-    return {".tide_judge.py": (_HARNESS / "judge_driver.py").read_text(), ".tide_judge.json": json.dumps(spec)}
+            "checkers_source": _CHECKERS}
+    return {".tide_judge.py": _JUDGE_DRIVER, ".tide_judge.json": json.dumps(spec), ".tide_init.py": _CONTAINER_INIT}
 
 
 def judge_limits(per_case: Resolved, n_cases: int) -> Resolved:
@@ -106,18 +110,24 @@ def judge_limits(per_case: Resolved, n_cases: int) -> Resolved:
                     output_kb=per_case.output_kb + n_cases * (_ECHO_BYTES * 6 + 8192) // 1024 + 64)
 
 
-def judged(result: RunResult, req: RunRequest, nonce: str) -> RunResult:
-    """The driver's report (one line behind the nonce) as per-case results; without it, the whole judge run
-    failed (its status says how) and every case counts as failed."""
+def _driver_report(stdout: str, nonce: str) -> tuple[dict | None, str]:
+    """A driver's report (its one line behind the nonce; judge and Jupyter modes) and the rest of stdout."""
     report, kept = None, []
-    for line in result.stdout.splitlines(keepends=True):
+    for line in stdout.splitlines(keepends=True):
         if line.startswith(nonce + " "):
             report = json.loads(line[len(nonce) + 1:])
         else:
             kept.append(line)
+    return report, "".join(kept)
+
+
+def judged(result: RunResult, req: RunRequest, nonce: str) -> RunResult:
+    """The driver's report as per-case results; without it, the whole judge run failed (its status says how)
+    and every case counts as failed."""
+    report, rest = _driver_report(result.stdout, nonce)
     cases = [CaseResult.model_validate(c) for c in report["cases"]] if report else []
     return result.model_copy(update={
-        "stdout": "".join(kept).rstrip("\n"), "cases": cases, "cases_total": len(req.cases),
+        "stdout": rest.rstrip("\n"), "cases": cases, "cases_total": len(req.cases),
         "cases_passed": sum(c.verdict == Verdict.accepted for c in cases)})
 
 
@@ -129,7 +139,8 @@ _KERNEL_START_S = 20.0
 def jupyter_files(req: RunRequest, limits: Resolved, nonce: str) -> dict[str, str]:
     spec = {"nonce": nonce, "cells": req.cells, "cell_timeout_s": req.cell_timeout_s,
             "start_timeout_s": _KERNEL_START_S}
-    return {".tide_jupyter.py": (_HARNESS / "jupyter_driver.py").read_text(), ".tide_jupyter.json": json.dumps(spec)}
+    return {".tide_jupyter.py": _JUPYTER_DRIVER, ".tide_jupyter.json": json.dumps(spec),
+            ".tide_init.py": _CONTAINER_INIT}
 
 
 def jupyter_limits(limits: Resolved) -> Resolved:
@@ -140,13 +151,8 @@ def jupyter_limits(limits: Resolved) -> Resolved:
 
 def jupyter_result(result: RunResult, nonce: str) -> RunResult:
     """Cells from the driver's report; a kernel that would not start is a runtime error naming why."""
-    report, kept = None, []
-    for line in result.stdout.splitlines(keepends=True):
-        if line.startswith(nonce + " "):
-            report = json.loads(line[len(nonce) + 1:])
-        else:
-            kept.append(line)
-    update: dict = {"stdout": "".join(kept).strip("\n"), "cells": []}
+    report, rest = _driver_report(result.stdout, nonce)
+    update: dict = {"stdout": rest.strip("\n"), "cells": []}
     if report:
         update["cells"] = [CellResult.model_validate(c) for c in report["cells"]]
         if report.get("kernel_error"):
@@ -426,7 +432,7 @@ class SandboxRuntime:
     def _execute_session(self, w: Worker, session: Session) -> None:
         limits = self.config.effective(session.req.limits)
         image = self.images[session.req.image or self.config.default_image]
-        files = {".tide_session.py": SESSION_DRIVER.read_text()}
+        files = {".tide_session.py": SESSION_DRIVER}
         # The container lives until the session ends (at most max_session_s); limits.timeout_s is per cell.
         lifetime = Resolved(timeout_s=self.config.max_session_s, memory_mb=limits.memory_mb,
                             output_kb=limits.output_kb, pids=limits.pids, disk_mb=limits.disk_mb)

@@ -6,27 +6,22 @@ and checks the output with the requested checker (checkers.py, read before any c
 reach this process: signals from inside the pid namespace to its init are ignored unless handled (SIGINT is set
 to ignore), it is non-dumpable (no /proc/1/mem or /proc/1/fd), and every case's output arrives through pipes.
 Verdicts are printed once, after every other process in the namespace is killed, on one line behind a nonce."""
-import ctypes
+import importlib.util
 import json
 import os
-import resource
 import selectors
 import signal
 import sys
 import time
 
 
-def _secrets() -> dict:
-    if os.getpid() != 1:  # its guarantees (and its kill(-1) at the end) need a pid namespace of its own
-        raise SystemExit("judge: must run as the container's init (pid 1)")
-    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
-        raise SystemExit("judge: prctl(PR_SET_DUMPABLE) failed")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with open(".tide_judge.json") as f:
-        spec = json.load(f)
-    os.unlink(".tide_judge.json")
-    os.unlink(".tide_judge.py")
-    return spec
+def _container_init():
+    """container_init.py, loaded by path before the code under judgement runs."""
+    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.unlink(".tide_init.py")
+    return module
 
 
 def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, memory_kb: int) -> dict:
@@ -101,20 +96,9 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
             "stderr": bytes(buffers[err_r][:4096]).decode("utf-8", "replace")}
 
 
-def _kill_everyone_else() -> None:
-    try:
-        os.kill(-1, signal.SIGKILL)  # as init of the pid namespace: every other process in it
-    except ProcessLookupError:
-        pass
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
 def main() -> None:
-    spec = _secrets()
+    init = _container_init()
+    spec = init.take_secrets(".tide_judge.json", ".tide_judge.py")
     checkers: dict = {}
     exec(compile(spec["checkers_source"], "checkers.py", "exec"), checkers)
     checker = spec["checker"]
@@ -130,7 +114,7 @@ def main() -> None:
         results.append(r)
         if spec["stop_on_first_failure"] and r["verdict"] != "AC":
             break
-    _kill_everyone_else()
+    init.kill_everyone_else()
     sys.stdout.write("\n" + spec["nonce"] + " " + json.dumps({"cases": results}) + "\n")
     sys.stdout.flush()
 

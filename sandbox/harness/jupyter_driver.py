@@ -4,27 +4,22 @@ bundle: text/plain, image/png as base64, ...) and errors. A cell over `cell_time
 reported as a TimeoutError, and the cells after it are not run. The kernel's own stdout/stderr go nowhere: its
 output reaches the report only through Jupyter's messages, and the report is printed once, after every other
 process is killed, behind a nonce."""
-import ctypes
+import importlib.util
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import time
 
 
-def _secrets() -> dict:
-    if os.getpid() != 1:
-        raise SystemExit("jupyter driver: must run as the container's init (pid 1)")
-    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
-        raise SystemExit("jupyter driver: prctl(PR_SET_DUMPABLE) failed")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with open(".tide_jupyter.json") as f:
-        spec = json.load(f)
-    os.unlink(".tide_jupyter.json")
-    os.unlink(".tide_jupyter.py")
-    return spec
+def _container_init():
+    """container_init.py, loaded by path before the code under judgement runs."""
+    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.unlink(".tide_init.py")
+    return module
 
 
 def _run_cell(kc, code: str, timeout_s: float | None) -> tuple[dict, bool]:
@@ -54,20 +49,9 @@ def _run_cell(kc, code: str, timeout_s: float | None) -> tuple[dict, bool]:
             return cell, True
 
 
-def _kill_everyone_else() -> None:
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
 def main() -> None:
-    spec = _secrets()
+    init = _container_init()
+    spec = init.take_secrets(".tide_jupyter.json", ".tide_jupyter.py")
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # ipykernel's debugger would warn on every start
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     from jupyter_client import KernelManager
@@ -86,7 +70,7 @@ def main() -> None:
                 break
     except Exception as e:  # the kernel would not start or died
         report["kernel_error"] = f"{type(e).__name__}: {e}"
-    _kill_everyone_else()
+    init.kill_everyone_else()
     sys.stdout.write("\n" + spec["nonce"] + " " + json.dumps(report) + "\n")
     sys.stdout.flush()
 

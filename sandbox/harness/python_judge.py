@@ -10,10 +10,9 @@ process is made non-dumpable before it reads anything secret, so the solution (s
 or file descriptors through /proc; the solution's stdout and stderr reach the container's through this
 process, line by line, and the verdict lines carry a nonce the solution never sees."""
 import builtins
-import ctypes
+import importlib.util
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import threading
 import traceback
 
 _OUT_LOCK = threading.Lock()
+_INIT = None  # container_init.py, loaded first thing by _secrets()
 _MAX_REPLY = 64 << 20
 
 
@@ -111,16 +111,7 @@ class _Channel:
         os.close(self._to_child)
         try:
             self.proc.wait()
-            if os.getpid() == 1:  # the container's init: end whatever the solution left running
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                while True:
-                    try:
-                        os.waitpid(-1, 0)
-                    except ChildProcessError:
-                        break
+            _INIT.kill_everyone_else()  # whatever the solution left running
         finally:
             for t in self._relays:
                 t.join()
@@ -267,14 +258,20 @@ def _load_wire() -> None:
 def _secrets() -> tuple[str, list[str]]:
     """The nonce and the tests, read before the solution's process exists, from a file then removed, into a
     process whose memory and descriptors its user (the solution's too) can no longer read through /proc."""
-    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
-        raise SystemExit("judge: prctl(PR_SET_DUMPABLE) failed")
-    with open("judge_input.json") as f:
-        data = json.load(f)
+    global _INIT
+    _INIT = _container_init()
+    data = _INIT.take_secrets("judge_input.json", "main.py", require_init=False)
     _load_wire()
-    for name in ("judge_input.json", "main.py"):
-        os.unlink(name)
     return data["nonce"], data["tests"]
+
+
+def _container_init():
+    """container_init.py, loaded by path before the code under judgement runs."""
+    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.unlink(".tide_init.py")
+    return module
 
 
 def main() -> None:

@@ -1,0 +1,40 @@
+"""What each trusted driver of a container (python_judge.py, judge_driver.py, jupyter_driver.py) does first and
+last. The runtime writes this file as .tide_init.py beside the driver, which loads it by path (never from
+sys.path: /work is writable by the code under judgement) before any of that code runs."""
+import ctypes
+import json
+import os
+import signal
+
+
+def take_secrets(spec_file: str, *also_remove: str, require_init: bool = True) -> dict:
+    """Become unreachable, then read the driver's spec and delete it (and `also_remove`, such as the driver's
+    own file) before the code under judgement exists: non-dumpable, so the same uid can open neither
+    /proc/<driver>/mem nor its descriptors; SIGINT ignored (signals from inside a pid namespace reach its init
+    only where it handles them)."""
+    if require_init and os.getpid() != 1:  # its guarantees, and kill(-1) at the end, need its own pid namespace
+        raise SystemExit(f"{spec_file}: the driver must run as the container's init (pid 1)")
+    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
+        raise SystemExit("driver: prctl(PR_SET_DUMPABLE) failed")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(spec_file) as f:
+        spec = json.load(f)
+    for name in (spec_file, *also_remove):
+        os.unlink(name)
+    return spec
+
+
+def kill_everyone_else() -> None:
+    """As the pid namespace's init, SIGKILL every other process in it and reap them (a no-op elsewhere: kill(-1)
+    outside a namespace of its own would reach the whole uid)."""
+    if os.getpid() != 1:
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
