@@ -16,6 +16,7 @@ import math
 import os
 import queue
 import select
+import shlex
 import shutil
 import signal
 import stat
@@ -33,11 +34,22 @@ from . import metrics
 from .cgroups import CgroupLayout, CgroupPool, Slot, detect
 from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
-from .languages import LANGUAGES, command, get_language
+from .languages import LANGUAGES, Language, command, get_language, python_tests
 from .models import CaseResult, CellResult, RunRequest, RunResult, SessionRequest, Status, Verdict
 from .sessions import DRIVER as SESSION_DRIVER
 from .sessions import Session
 from .oci import runtime_spec
+from .value_tests import (
+    EXPECTED_DIR,
+    VALUES_PATH,
+    Expected,
+    ExpectedCache,
+    Split,
+    parse_values,
+    read_values,
+    split_test,
+    valued,
+)
 from .sysutil import (
     MS_BIND,
     MS_NODEV,
@@ -276,6 +288,7 @@ class SandboxRuntime:
         self._lock = threading.Lock()
         self._inflight = 0
         self._sessions: dict[str, Session] = {}
+        self._expected = ExpectedCache()
         self._seq = itertools.count()
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
@@ -464,6 +477,12 @@ class SandboxRuntime:
             raise BadRequest(f"too many files (max {self.config.max_files})")
         for name in [*req.files, *req.binary_files]:
             _clean_path(name)
+        if req.tests and lang.values:
+            for test in req.tests:
+                try:
+                    split_test(lang.name, test)
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from None
 
     def submit_many(self, reqs: list[RunRequest]) -> list[Future]:
         """Queue all or none (raises Overloaded when they do not fit)."""
@@ -508,7 +527,13 @@ class SandboxRuntime:
         nonce = uuid.uuid4().hex
         files = dict(req.files)
         code = lang.solution(req.code)
-        files.update(lang.harness(code, req.tests, nonce) if req.tests else {lang.source: code})
+        splits = [split_test(lang.name, t) for t in req.tests] if req.tests and lang.values else None
+        if splits is not None:
+            files.update(lang.values(code, [s.value for s in splits], VALUES_PATH))
+        elif req.tests:
+            files.update(python_tests(code, req.tests, nonce))
+        else:
+            files[lang.source] = code
         if req.cases:
             files.update(judge_files(req, lang, limits, nonce))
         if req.cells:
@@ -519,6 +544,8 @@ class SandboxRuntime:
         binary = {k: base64.b64decode(v, validate=True) for k, v in req.binary_files.items()}
         with self._workspace(w, limits, image, files, binary, req.stdin.encode(),
                              max(out_bytes, compile_out)) as (rootfs, out, stdin):
+            if splits is not None:
+                expected = self._expected_values(w, rootfs, image, lang, req, splits, limits, out)
             compile_output = None
             if lang.compile:
                 climits = self.config.compile_step(limits, req.compile_timeout_s)
@@ -547,14 +574,50 @@ class SandboxRuntime:
                 run = lang.tests_run if req.tests and lang.tests_run else lang.run
                 args, run_limits = command(lang, run, files, limits.memory_mb), limits
             p = self._phase(w, rootfs, image, args, run_limits, stdin, out, "run")
-            result = self._result(p, req, nonce, out_bytes, compiled)
-            if req.cases:
+            result = self._result(p, req, nonce, out_bytes, compiled, judge_tests=splits is None)
+            if splits is not None:
+                got = read_values(f"{rootfs}/work", VALUES_PATH.rsplit("/", 1)[1], limits.disk_mb << 20)
+                result = valued(result, req.tests, expected, parse_values(got, len(req.tests)))
+            elif req.cases:
                 result = judged(result, req, nonce)
             elif req.cells:
                 result = jupyter_result(result, nonce)
             if req.fetch_files:
                 result.files = fetch_files(Path(rootfs, "work"), req.fetch_files, limits.disk_mb << 20)
             return result
+
+    def _expected_values(self, w: Worker, rootfs: str, image: Image, lang: Language, req: RunRequest,
+                         splits: list[Split], limits: Resolved, out: str) -> Expected:
+        """Tests mode outside Python: evaluate the tests' expected sides in this container before any step of the
+        solution's (its compile included, which could otherwise read them), then delete every file of it."""
+        key = ExpectedCache.key(lang.name, image.name, req)
+        hit = self._expected.get(key)
+        if hit is not None:
+            return hit
+        sub = Path(rootfs, "work", EXPECTED_DIR)
+        files = lang.values(None, [s.expected for s in splits], f"/work/{EXPECTED_DIR}/.tide_values")
+        sub.mkdir()
+        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
+        self._write_files(sub, files)
+        elimits = self.config.compile_step(limits)
+        steps = [command(lang, step, files, elimits.memory_mb) for step in (lang.compile, lang.run) if step]
+        script = f"cd {EXPECTED_DIR} && " + " && ".join(shlex.join(s) for s in steps[:-1]) + \
+            (" && " if len(steps) > 1 else "") + "exec " + shlex.join(steps[-1])
+        p = self._phase(w, rootfs, image, ["sh", "-c", script], elimits, None, out, "expected")
+        data = read_values(str(sub), ".tide_values", limits.disk_mb << 20)
+        shutil.rmtree(sub, ignore_errors=True)
+        for name in ("expected.stdout", "expected.stderr"):
+            os.unlink(f"{out}/{name}")
+        error = ""
+        if p.runtime_error or p.exit_code != 0 or p.timed_out or p.oom or p.output_exceeded:
+            why = (p.runtime_error or "timed out" if p.timed_out else "ran out of memory" if p.oom
+                   else "output limit" if p.output_exceeded else f"exit status {p.exit_code}")
+            detail = (p.stdout + p.stderr).decode("utf-8", "replace")[-2000:]
+            error = f"tide: the tests' expected values did not all evaluate ({why}):\n{detail}"
+        result = Expected(parse_values(data, len(splits)), error)
+        if not (p.runtime_error or p.timed_out or p.oom):
+            self._expected.put(key, result)
+        return result
 
     @contextmanager
     def _workspace(self, w: Worker, limits: Resolved, image: Image, files: dict[str, str],
@@ -699,7 +762,8 @@ class SandboxRuntime:
                 pass
 
     @staticmethod
-    def _result(p: Phase, req: RunRequest, nonce: str, out_bytes: int, compiled: dict) -> RunResult:
+    def _result(p: Phase, req: RunRequest, nonce: str, out_bytes: int, compiled: dict,
+                judge_tests: bool = True) -> RunResult:
         if p.runtime_error:
             return RunResult(status=Status.internal_error, stderr=p.runtime_error, wall_ms=p.wall_ms)
         if p.oom and p.exit_code != 0:
@@ -714,7 +778,9 @@ class SandboxRuntime:
             status = Status.ok
         stdout = p.stdout.decode("utf-8", "replace")
         passed = total = None
-        if req.tests:
+        if req.tests and not judge_tests:
+            total, passed = len(req.tests), 0  # counted by valued()
+        elif req.tests:
             total, passed, kept = len(req.tests), 0, []
             seen: set[int] = set()
             for line in stdout.splitlines(keepends=True):

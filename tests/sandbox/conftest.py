@@ -185,3 +185,14 @@ def client(service: Service):
 
     with SandboxClient(service.url, token=TOKEN, timeout_s=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def require_language(client):
+    """Skips the calling test when the host lacks a language's toolchain (scripts/setup.sh installs them all)."""
+    installed = set(client.health().languages)
+
+    def require(language: str) -> None:
+        if language not in installed:
+            pytest.skip(f"{language} is not installed on this host (scripts/setup.sh installs it)")
+    return require

@@ -52,9 +52,8 @@ def _run(endpoint: str, **fields):
 
 
 @pytest.mark.parametrize("language", sorted(UPPER))
-def test_run_code_in_every_language(endpoint, client, language):
-    if TIDE_NAME.get(language, language) not in client.health().languages:
-        pytest.skip(f"{language} is not installed on this host (scripts/setup.sh installs it)")
+def test_run_code_in_every_language(endpoint, require_language, language):
+    require_language(TIDE_NAME.get(language, language))
     r = _run(endpoint, code=UPPER[language], language=language, stdin="hello fusion\n")
     assert r.status.value == "Success" and r.message == "", r
     assert r.run_result.status.value == "Finished" and r.run_result.return_code == 0

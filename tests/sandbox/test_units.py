@@ -54,10 +54,13 @@ def test_limits_defaults_and_caps():
 
 def test_java_command_and_harness():
     java = get_language("java")
-    files = java.harness("class Solution {}", ["1 == 1"], "n0nce")
-    assert set(files) == {"Solution.java", "Main.java"} and "n0nce" in files["Main.java"]
+    files = java.values("class Solution {}", ["Solution.f(1)"], "/work/.tide_values")
+    assert set(files) == {"Solution.java", "Main.java", "TideShow.java"}
+    assert 'TideShow.record("/work/.tide_values", 0, () -> (Solution.f(1)));' in files["Main.java"]
+    assert "Solution.java" not in java.values(None, ["1"], "/work/v")  # the expected side: no solution
     cmd = command(java, java.compile, files, 256)
-    assert cmd[0] == "javac" and "-J-Xmx128m" in cmd and cmd[-2:] == ["Main.java", "Solution.java"]
+    assert cmd[0] == "javac" and "-J-Xmx128m" in cmd
+    assert cmd[-3:] == ["Main.java", "Solution.java", "TideShow.java"]
     assert command(java, java.run, files, 256)[:2] == ["java", "-Xmx128m"]
     with pytest.raises(KeyError):
         get_language("cobol")
