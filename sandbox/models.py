@@ -34,13 +34,30 @@ class JudgeCase(BaseModel):
     expected_stdout: str
 
 
+CHECKER_LANGUAGES = ("python", "c", "cpp", "go", "rust")
+
+
 class Checker(BaseModel):
     """How a case's output is judged (sandbox/harness/checkers.py): exact (line ends and trailing blank lines
-    ignored), tokens, or float (tokens; numbers within abs_tol or rel_tol of the expected)."""
+    ignored), tokens, float (tokens; numbers within abs_tol or rel_tol of the expected), or program: `code` in
+    `language`, run in the sandbox after each case as `checker <input> <output> <answer>` (testlib's order);
+    exit status 0 accepts, anything else is a wrong answer, and its stderr is the case's checker_message."""
 
-    kind: Literal["exact", "tokens", "float"] = "exact"
+    kind: Literal["exact", "tokens", "float", "program"] = "exact"
     abs_tol: float = Field(1e-6, ge=0)
     rel_tol: float = Field(1e-6, ge=0)
+    language: str = "python"
+    code: str | None = None
+
+    @model_validator(mode="after")
+    def _program(self) -> "Checker":
+        if self.kind == "program":
+            if not self.code:
+                raise ValueError("checker kind `program` needs its `code`")
+            if self.language not in CHECKER_LANGUAGES:
+                raise ValueError(f"checker programs are written in one of {list(CHECKER_LANGUAGES)}, "
+                                 f"not {self.language!r}")
+        return self
 
 
 class Verdict(str, enum.Enum):
@@ -60,6 +77,7 @@ class CaseResult(BaseModel):
     peak_memory_kb: int = 0
     stdout: str = Field("", description="the start of the case's output")
     stderr: str = ""
+    checker_message: str = Field("", description="a checker program's stderr (its explanation), start of")
 
 
 class CellResult(BaseModel):

@@ -9,6 +9,7 @@ and the slot is checked empty before it takes the next job.
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import logging
@@ -103,16 +104,26 @@ _CHECKERS = (_HARNESS / "checkers.py").read_text()
 _JUPYTER_DRIVER = (_HARNESS / "jupyter_driver.py").read_text()
 _CONTAINER_INIT = (_HARNESS / "container_init.py").read_text()  # what each driver loads first
 _ECHO_BYTES = 1024  # of each case's output, returned for debugging
+CHECKER_DIR = ".tide_checker_build"  # under /work: a checker program's compile, removed before the solution's
+_C_RUN_BINARY = "prog"  # what the compiled checker languages (c, cpp, go, rust) build
 
 
-def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str) -> dict[str, str]:
+def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str,
+                checker: bytes | None = None) -> dict[str, str | bytes]:
+    """The driver, its spec and (`checker`: a checker program, source or binary) the checker's file. Written only
+    after the compile step: a compiler could embed any file it finds (Rust's include_str!, Go's embed)."""
+    checker_cmd = None
+    if checker is not None:
+        checker_cmd = ["python3", "-I", "{checker}"] if req.checker.language == "python" else ["{checker}"]
     spec = {"nonce": nonce, "cmd": command(lang, lang.run, {lang.source: ""}, limits.memory_mb),
+            "checker_cmd": checker_cmd,
             "cases": [c.model_dump() for c in req.cases], "checker": req.checker.model_dump(),
             "timeout_s": limits.timeout_s, "output_bytes": limits.output_kb * 1024,
             "memory_kb": limits.memory_mb * 1024, "echo_bytes": _ECHO_BYTES,
             "stop_on_first_failure": req.stop_on_first_failure,
             "checkers_source": _CHECKERS}
-    return {".tide_judge.py": _JUDGE_DRIVER, ".tide_judge.json": json.dumps(spec), ".tide_init.py": _CONTAINER_INIT}
+    return {".tide_judge.py": _JUDGE_DRIVER, ".tide_judge.json": json.dumps(spec), ".tide_init.py": _CONTAINER_INIT,
+            **({".tide_checker": checker} if checker is not None else {})}
 
 
 def judge_limits(per_case: Resolved, n_cases: int) -> Resolved:
@@ -289,6 +300,7 @@ class SandboxRuntime:
         self._inflight = 0
         self._sessions: dict[str, Session] = {}
         self._expected = ExpectedCache()
+        self._checkers: dict[str, bytes] = {}  # compiled checker programs by source, oldest first
         self._seq = itertools.count()
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
@@ -477,6 +489,9 @@ class SandboxRuntime:
             raise BadRequest(f"too many files (max {self.config.max_files})")
         for name in [*req.files, *req.binary_files]:
             _clean_path(name)
+        if req.cases and req.checker.kind == "program" and image == "host" \
+                and not get_language(req.checker.language).installed():
+            raise BadRequest(f"checker language {req.checker.language!r} is not installed on this host")
         if req.tests and lang.values:
             for test in req.tests:
                 try:
@@ -534,8 +549,6 @@ class SandboxRuntime:
             files.update(python_tests(code, req.tests, nonce))
         else:
             files[lang.source] = code
-        if req.cases:
-            files.update(judge_files(req, lang, limits, nonce))
         if req.cells:
             files.pop(lang.source, None)  # the cells are the code
             files.update(jupyter_files(req, limits, nonce))
@@ -546,6 +559,11 @@ class SandboxRuntime:
                              max(out_bytes, compile_out)) as (rootfs, out, stdin):
             if splits is not None:
                 expected = self._expected_values(w, rootfs, image, lang, req, splits, limits, out)
+            checker = None
+            if req.cases and req.checker.kind == "program":
+                checker = self._checker_program(w, rootfs, image, req, limits, out)
+                if isinstance(checker, RunResult):
+                    return checker
             compile_output = None
             if lang.compile:
                 climits = self.config.compile_step(limits, req.compile_timeout_s)
@@ -567,6 +585,7 @@ class SandboxRuntime:
             else:
                 compiled = {}
             if req.cases:
+                self._write_late_files(Path(rootfs, "work"), judge_files(req, lang, limits, nonce, checker))
                 args, run_limits = list(JUDGE_RUN), judge_limits(limits, len(req.cases))
             elif req.cells:
                 args, run_limits = list(JUPYTER_RUN), jupyter_limits(limits)
@@ -618,6 +637,50 @@ class SandboxRuntime:
         if not (p.runtime_error or p.timed_out or p.oom):
             self._expected.put(key, result)
         return result
+
+    def _checker_program(self, w: Worker, rootfs: str, image: Image, req: RunRequest, limits: Resolved,
+                         out: str) -> bytes | RunResult:
+        """Judge mode's checker program: Python's source, or a compiled language's binary built in this container
+        before the solution's compile (cached by source); a checker that does not compile fails the request."""
+        lang = get_language(req.checker.language)
+        code = lang.solution(req.checker.code or "")
+        if not lang.compile:
+            return code.encode()
+        key = hashlib.sha256(json.dumps([lang.name, image.name, code]).encode()).hexdigest()
+        with self._lock:
+            hit = self._checkers.get(key)
+        if hit is not None:
+            return hit
+        sub = Path(rootfs, "work", CHECKER_DIR)
+        sub.mkdir()
+        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
+        files = {lang.source: code}
+        self._write_files(sub, files)
+        climits = self.config.compile_step(limits)
+        args = ["sh", "-c", f"cd {CHECKER_DIR} && exec " + shlex.join(command(lang, lang.compile, files, climits.memory_mb))]
+        p = self._phase(w, rootfs, image, args, climits, None, out, "checker")
+        binary = read_values(str(sub), _C_RUN_BINARY, 256 << 20)
+        shutil.rmtree(sub, ignore_errors=True)
+        if p.runtime_error or p.exit_code != 0 or not binary:
+            detail = (p.runtime_error or "") + (p.stdout + p.stderr).decode("utf-8", "replace")[-4000:]
+            return RunResult(status=Status.compile_error, stderr=f"the checker program did not compile:\n{detail}",
+                             wall_ms=p.wall_ms, cases_passed=0, cases_total=len(req.cases))
+        with self._lock:
+            self._checkers[key] = binary
+            while len(self._checkers) > 16:
+                self._checkers.pop(next(iter(self._checkers)))
+        return binary
+
+    def _write_late_files(self, work: Path, files: dict[str, str | bytes]) -> None:
+        """Files written between steps: whatever the earlier step left under those names goes first (a link
+        there must not redirect the write)."""
+        for name in files:
+            path = work / _clean_path(name)
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.exists():
+                shutil.rmtree(path)
+        self._write_files(work, files)
 
     @contextmanager
     def _workspace(self, w: Worker, limits: Resolved, image: Image, files: dict[str, str],

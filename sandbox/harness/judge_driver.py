@@ -2,10 +2,12 @@
 
 Runs each case in a new session with its stdin from a memfd (no file the program could read), reads its
 stdout/stderr under the case's output limit and wall-time limit, takes exit status and peak memory from wait4,
-and checks the output with the requested checker (checkers.py, read before any case runs). The program cannot
+and checks the output with the requested checker (checkers.py, read before any case runs, or a checker program
+held in a memfd and run after the case, with every process the case left killed first). The program cannot
 reach this process: signals from inside the pid namespace to its init are ignored unless handled (SIGINT is set
 to ignore), it is non-dumpable (no /proc/1/mem or /proc/1/fd), and every case's output arrives through pipes.
 Verdicts are printed once, after every other process in the namespace is killed, on one line behind a nonce."""
+import fcntl
 import importlib.util
 import json
 import os
@@ -24,10 +26,18 @@ def _container_init():
     return module
 
 
-def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, memory_kb: int) -> dict:
-    memfd = os.memfd_create("stdin")
-    os.write(memfd, stdin.encode())
-    os.lseek(memfd, 0, os.SEEK_SET)
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, memory_kb: int,
+              extra_fds: dict[int, int] | None = None) -> dict:
+    """One program to its end: stdin from a memfd, stdout/stderr through pipes, `extra_fds` (target -> source)
+    passed on; every other descriptor closed."""
+    memfd = _memfd("stdin", stdin.encode())
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     start = time.monotonic()
@@ -35,9 +45,12 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
     if pid == 0:
         try:
             os.setsid()
-            for src, dst in ((memfd, 0), (out_w, 1), (err_w, 2)):
+            moves = [(memfd, 0), (out_w, 1), (err_w, 2), *((src, dst) for dst, src in (extra_fds or {}).items())]
+            # copies far above every target first, so no dup2 overwrites a source still to be moved
+            staged = [(fcntl.fcntl(src, fcntl.F_DUPFD, 1000), dst) for src, dst in moves]
+            for src, dst in staged:
                 os.dup2(src, dst)
-            os.closerange(3, 65536)
+            os.closerange(max(dst for _, dst in staged) + 1, 65536)
             os.execvp(cmd[0], cmd)
         finally:
             os._exit(127)
@@ -96,16 +109,46 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
             "stderr": bytes(buffers[err_r][:4096]).decode("utf-8", "replace")}
 
 
+def _check_with_program(spec: dict, checker_fd: int, case: dict, output: str) -> tuple[bool, str]:
+    """testlib's convention: `checker <input> <output> <answer>`, exit status 0 accepts (1 and 2, wrong answer
+    and presentation error, are a wrong answer; anything else a failed checker, never an accept). The three
+    files are memfds, the checker itself another (read into memory before any program ran, and deleted)."""
+    fds = {3: _memfd("input", case["stdin"].encode()), 4: _memfd("output", output.encode()),
+           5: _memfd("answer", case["expected_stdout"].encode())}
+    cmd = [a.replace("{checker}", "/proc/self/fd/6") for a in spec["checker_cmd"]]
+    cmd += ["/proc/self/fd/3", "/proc/self/fd/4", "/proc/self/fd/5"]
+    try:
+        r = _run_case(cmd, "", spec["timeout_s"], 65536, spec["memory_kb"], {**fds, 6: checker_fd})
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    message = (r["stderr"] or r["stdout"])[:1024]
+    if r["verdict"] is None:
+        return True, message
+    if r["verdict"] == "RE" and r["exit_code"] in (1, 2):  # testlib's wrong answer and presentation error
+        return False, message
+    return False, f"the checker failed ({r['verdict']}, exit {r['exit_code']}): {message}"
+
+
 def main() -> None:
     init = _container_init()
     spec = init.take_secrets(".tide_judge.json", ".tide_judge.py")
+    checker_fd = None
+    if spec.get("checker_cmd"):  # into memory and off the disk before the program under judgement runs
+        with open(".tide_checker", "rb") as f:
+            checker_fd = _memfd("checker", f.read())
+        os.unlink(".tide_checker")
     checkers: dict = {}
     exec(compile(spec["checkers_source"], "checkers.py", "exec"), checkers)
     checker = spec["checker"]
     results, passed = [], 0
     for case in spec["cases"]:
         r = _run_case(spec["cmd"], case["stdin"], spec["timeout_s"], spec["output_bytes"], spec["memory_kb"])
-        if r["verdict"] is None:
+        init.kill_everyone_else()  # nothing a case started survives into the checker or the next case
+        if r["verdict"] is None and checker_fd is not None:
+            ok, r["checker_message"] = _check_with_program(spec, checker_fd, case, r["stdout"])
+            r["verdict"] = "AC" if ok else "WA"
+        elif r["verdict"] is None:
             ok = checkers["check"](checker["kind"], r["stdout"], case["expected_stdout"], checker["abs_tol"],
                                    checker["rel_tol"])
             r["verdict"] = "AC" if ok else "WA"

@@ -88,3 +88,68 @@ JUDGE_CHEATS = {
 def test_judge_cheats_pass_nothing(client, cheat):
     r = client.run("python", JUDGE_CHEATS[cheat], cases=CASES[:4], limits={"timeout_s": 2})
     assert r.cases_passed == 0 and r.cases_total == 4, (cheat, r)
+
+
+PERMUTATION_CASES = [{"stdin": "3\n", "expected_stdout": "1 2 3\n"}, {"stdin": "2\n", "expected_stdout": "1 2\n"}]
+PERMUTATION_CHECKERS = {  # testlib's order: input, output, answer; exit 0 accepts
+    "python": "import sys\ninp, out, ans = (open(p).read() for p in sys.argv[1:4])\n"
+              "if sorted(out.split()) != sorted(ans.split()):\n    sys.exit('not a permutation of ' + ans.strip())",
+    "cpp": "#include <fstream>\n#include <vector>\n#include <algorithm>\n#include <iostream>\n"
+           "int main(int c, char** v) { std::ifstream o(v[2]), a(v[3]); std::vector<long> x, y; long t;\n"
+           "  while (o >> t) x.push_back(t); while (a >> t) y.push_back(t);\n"
+           "  std::sort(x.begin(), x.end()); std::sort(y.begin(), y.end());\n"
+           "  if (x != y) { std::cerr << \"not a permutation\"; return 1; } return 0; }",
+}
+
+
+@pytest.mark.parametrize("checker_language", sorted(PERMUTATION_CHECKERS))
+def test_checker_program(client, checker_language):
+    checker = {"kind": "program", "language": checker_language, "code": PERMUTATION_CHECKERS[checker_language]}
+    right = "n = int(input())\nprint(*reversed(range(1, n + 1)))"
+    r = client.run("python", right, cases=PERMUTATION_CASES, checker=checker)
+    assert [c.verdict.value for c in r.cases] == ["AC", "AC"], r
+    wrong = client.run("python", "n = int(input())\nprint(*range(n))", cases=PERMUTATION_CASES, checker=checker)
+    assert [c.verdict.value for c in wrong.cases] == ["WA", "WA"], wrong
+    assert "not a permutation" in wrong.cases[0].checker_message
+
+
+def test_checker_program_failures_never_accept(client):
+    crash = {"kind": "program", "code": "raise SystemExit(3)"}
+    r = client.run("python", "print(1)", cases=PERMUTATION_CASES[:1], checker=crash)
+    assert r.cases[0].verdict.value == "WA" and "the checker failed" in r.cases[0].checker_message, r
+    bad = client.run("python", "print(1)", cases=PERMUTATION_CASES[:1],
+                     checker={"kind": "program", "language": "cpp", "code": "int main( {"})
+    assert bad.status.value == "compile_error" and "checker program did not compile" in bad.stderr
+    with pytest.raises(Exception, match="needs its `code`"):
+        client.run("python", "print(1)", cases=PERMUTATION_CASES[:1], checker={"kind": "program"})
+
+
+CHECKER_CHEATS = {  # against the permutation checker; none prints a permutation
+    "overwrite the checker": "import os\nfor n in ('.tide_checker', '/work/.tide_checker'):\n"
+                             "    try: open(n, 'w').write('import sys; sys.exit(0)')\n    except OSError: pass\nprint(0)",
+    "a daemon that kills the checker": "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                                       "    for _ in range(200):\n        os.system('kill -9 -1 2>/dev/null')\n"
+                                       "        time.sleep(0.005)\n    os._exit(0)\nprint(0)",
+    "a daemon that rewrites the output file": (
+        "import glob, os, time\nif os.fork() == 0:\n    os.setsid()\n    for _ in range(400):\n"
+        "        for p in glob.glob('/proc/[0-9]*/fd/4'):\n            try: open(p, 'w').write('1 2 3')\n"
+        "            except OSError: pass\n        time.sleep(0.002)\n    os._exit(0)\nprint(0)"),
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHECKER_CHEATS))
+def test_checker_program_cheats_pass_nothing(client, cheat):
+    checker = {"kind": "program", "code": PERMUTATION_CHECKERS["python"]}
+    r = client.run("python", CHECKER_CHEATS[cheat], cases=PERMUTATION_CASES, checker=checker, limits={"timeout_s": 2})
+    assert r.cases_passed == 0, (cheat, r)
+
+
+@pytest.mark.parametrize("language,code", [
+    ("rust", 'const S: &str = include_str!(".tide_judge.json");\nfn main() { print!("{}", S.len()); }'),
+    ("go", 'package main\n\nimport (\n\t_ "embed"\n\t"fmt"\n)\n\n//go:embed .tide_judge.json\nvar s string\n\n'
+           "func main() { fmt.Print(len(s)) }"),
+])
+def test_compilers_cannot_embed_the_expected_outputs(client, require_language, language, code):
+    require_language(language)
+    r = client.run(language, code, cases=PERMUTATION_CASES)
+    assert r.status.value == "compile_error" and r.cases_passed == 0, r
