@@ -101,6 +101,7 @@ JUDGE_RUN = ("python3", "-I", ".tide_judge.py")
 _HARNESS = Path(__file__).with_name("harness")
 _JUDGE_DRIVER = (_HARNESS / "judge_driver.py").read_text()
 _CHECKERS = (_HARNESS / "checkers.py").read_text()
+_ZYGOTE = (_HARNESS / "python_zygote.py").read_text()  # Python's fork server in judge mode
 _JUPYTER_DRIVER = (_HARNESS / "jupyter_driver.py").read_text()
 _CONTAINER_INIT = (_HARNESS / "container_init.py").read_text()  # what each driver loads first
 _ECHO_BYTES = 1024  # of each case's output, returned for debugging
@@ -116,7 +117,7 @@ def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str,
     if checker is not None:
         checker_cmd = ["python3", "-I", "{checker}"] if req.checker.language == "python" else ["{checker}"]
     spec = {"nonce": nonce, "cmd": command(lang, lang.run, {lang.source: ""}, limits.memory_mb),
-            "checker_cmd": checker_cmd,
+            "checker_cmd": checker_cmd, "zygote_source": _ZYGOTE if lang.name == "python" else None,
             "cases": [c.model_dump() for c in req.cases], "checker": req.checker.model_dump(),
             "timeout_s": limits.timeout_s, "output_bytes": limits.output_kb * 1024,
             "memory_kb": limits.memory_mb * 1024, "echo_bytes": _ECHO_BYTES,

@@ -5,6 +5,7 @@ import ctypes
 import json
 import os
 import signal
+import time
 
 
 def take_secrets(spec_file: str, *also_remove: str, require_init: bool = True) -> dict:
@@ -38,3 +39,30 @@ def kill_everyone_else() -> None:
             os.waitpid(-1, 0)
         except ChildProcessError:
             return
+
+
+def kill_all_except(keep: set[int], within_s: float = 2.0) -> bool:
+    """As init, SIGKILL every process of the namespace but `keep` and reap what becomes ours; False when some
+    still remained after `within_s` (a fork storm outrunning the scans: the caller then uses kill(-1))."""
+    if os.getpid() != 1:
+        return True
+    spare, deadline = {1, *keep}, time.monotonic() + within_s
+    while True:
+        while True:  # reap: orphans of killed processes become init's children
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in spare]
+        if not victims:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.0005)

@@ -7,12 +7,16 @@ held in a memfd and run after the case, with every process the case left killed 
 reach this process: signals from inside the pid namespace to its init are ignored unless handled (SIGINT is set
 to ignore), it is non-dumpable (no /proc/1/mem or /proc/1/fd), and every case's output arrives through pipes.
 Verdicts are printed once, after every other process in the namespace is killed, on one line behind a nonce."""
+import array
 import fcntl
 import importlib.util
 import json
 import os
+import select
 import selectors
 import signal
+import socket
+import struct
 import sys
 import time
 
@@ -33,29 +37,127 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, memory_kb: int,
+def _move_fds(moves: list[tuple[int, int]]) -> None:
+    """In a child: (source, target) descriptors into place, every other one closed."""
+    # copies far above every target first, so no dup2 overwrites a source still to be moved
+    staged = [(fcntl.fcntl(src, fcntl.F_DUPFD, 1000), dst) for src, dst in moves]
+    for src, dst in staged:
+        os.dup2(src, dst)
+    os.closerange(max(dst for _, dst in staged) + 1, 65536)
+
+
+class Exec:
+    """Each case a fresh fork and exec of the program."""
+
+    def __init__(self, cmd: list[str]):
+        self.cmd = cmd
+
+    def start(self, moves: list[tuple[int, int]]) -> int:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                _move_fds(moves)
+                os.execvp(self.cmd[0], self.cmd)
+            finally:
+                os._exit(127)
+        return pid
+
+    def reap(self, pid: int, deadline: float) -> tuple[int, int, float, bool]:
+        """(wait status, peak RSS KiB, CPU s, timed out): killed at the deadline if still running."""
+        pidfd = os.pidfd_open(pid)
+        try:
+            ready = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]
+        finally:
+            os.close(pidfd)
+        if not ready:
+            _kill_group(pid)
+        _, status, usage = os.wait4(pid, 0)
+        return status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, not ready
+
+
+class Zygote:
+    """Python's fork server (python_zygote.py): one interpreter start for all cases. Anything it fails to
+    answer makes the driver take the case over and go back to Exec for the rest."""
+
+    def __init__(self, source: str):
+        self.sock, theirs = socket.socketpair()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                _move_fds([(os.open("/dev/null", os.O_RDONLY), 0), (1, 1), (2, 2), (theirs.fileno(), 3)])
+                os.execvp("python3", ["python3", "-I", "-c", source])
+            finally:
+                os._exit(127)
+        theirs.close()
+
+    def _read(self, n: int, deadline: float) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            if not select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def start(self, moves: list[tuple[int, int]]) -> int | None:
+        fds = [src for src, _ in sorted(moves, key=lambda m: m[1])]
+        try:
+            self.sock.sendmsg([b"R"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError:
+            return None
+        frame = self._read(8, time.monotonic() + 5)
+        return struct.unpack("!q", frame)[0] if frame else None
+
+    def reap(self, pid: int, deadline: float) -> tuple[int, int, float, bool]:
+        frame = self._read(32, deadline)
+        timed_out = frame is None and time.monotonic() >= deadline
+        if frame is None:
+            _kill_group(pid)
+            frame = self._read(32, time.monotonic() + 1)
+        if frame is not None and struct.unpack("!q", frame[:8])[0] == pid:
+            _, status, peak_kb, cpu_s = struct.unpack("!qqqd", frame)
+            return status, peak_kb, cpu_s, timed_out
+        self.close()  # stopped or dead: the case is init's child now, and no later case uses it
+        _, status, usage = os.wait4(pid, 0)
+        return status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, timed_out
+
+    def close(self) -> None:
+        """Kill and reap it: once reaped, its children (a case it never reported) are init's to wait for."""
+        self.sock.close()
+        if self.pid > 0:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):  # already reaped by a sweep of kill_all_except
+                pass
+        self.pid = -1
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _run_case(launcher, stdin: str, timeout_s: float, output_bytes: int, memory_kb: int,
               extra_fds: dict[int, int] | None = None) -> dict:
     """One program to its end: stdin from a memfd, stdout/stderr through pipes, `extra_fds` (target -> source)
-    passed on; every other descriptor closed."""
+    passed on; every other descriptor closed. None when the launcher could not start it."""
     memfd = _memfd("stdin", stdin.encode())
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            moves = [(memfd, 0), (out_w, 1), (err_w, 2), *((src, dst) for dst, src in (extra_fds or {}).items())]
-            # copies far above every target first, so no dup2 overwrites a source still to be moved
-            staged = [(fcntl.fcntl(src, fcntl.F_DUPFD, 1000), dst) for src, dst in moves]
-            for src, dst in staged:
-                os.dup2(src, dst)
-            os.closerange(max(dst for _, dst in staged) + 1, 65536)
-            os.execvp(cmd[0], cmd)
-        finally:
-            os._exit(127)
+    pid = launcher.start([(memfd, 0), (out_w, 1), (err_w, 2), *((src, dst) for dst, src in (extra_fds or {}).items())])
     for fd in (memfd, out_w, err_w):
         os.close(fd)
+    if pid is None:
+        os.close(out_r)
+        os.close(err_r)
+        return None
     sel = selectors.DefaultSelector()
     buffers = {out_r: bytearray(), err_r: bytearray()}
     for fd in buffers:
@@ -78,16 +180,11 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
         if over:
             break
     if timed_out or over:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _, status, usage = os.wait4(pid, 0)
+        _kill_group(pid)
+    status, peak_kb, cpu_s, late = launcher.reap(pid, deadline)
+    timed_out = timed_out or late  # output closed, but still running at the deadline
     wall = time.monotonic() - start
-    try:  # stragglers the case left in its session
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _kill_group(pid)  # stragglers the case left in its session
     for fd in buffers:
         os.close(fd)
     sel.close()
@@ -96,7 +193,7 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
         verdict = "TLE"
     elif over:
         verdict = "OLE"
-    elif usage.ru_maxrss > memory_kb or (killed and not timed_out):
+    elif peak_kb > memory_kb or (killed and not timed_out):
         verdict = "MLE"  # the cgroup's OOM killer is what SIGKILLs a case the driver did not kill
     elif not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         verdict = "RE"
@@ -104,7 +201,7 @@ def _run_case(cmd: list[str], stdin: str, timeout_s: float, output_bytes: int, m
         verdict = None  # ran: the checker decides
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     return {"verdict": verdict, "exit_code": code, "wall_ms": round(wall * 1000, 3),
-            "cpu_ms": round((usage.ru_utime + usage.ru_stime) * 1000, 3), "peak_memory_kb": usage.ru_maxrss,
+            "cpu_ms": round(cpu_s * 1000, 3), "peak_memory_kb": peak_kb,
             "stdout": bytes(buffers[out_r][:output_bytes]).decode("utf-8", "replace"),
             "stderr": bytes(buffers[err_r][:4096]).decode("utf-8", "replace")}
 
@@ -118,7 +215,7 @@ def _check_with_program(spec: dict, checker_fd: int, case: dict, output: str) ->
     cmd = [a.replace("{checker}", "/proc/self/fd/6") for a in spec["checker_cmd"]]
     cmd += ["/proc/self/fd/3", "/proc/self/fd/4", "/proc/self/fd/5"]
     try:
-        r = _run_case(cmd, "", spec["timeout_s"], 65536, spec["memory_kb"], {**fds, 6: checker_fd})
+        r = _run_case(Exec(cmd), "", spec["timeout_s"], 65536, spec["memory_kb"], {**fds, 6: checker_fd})
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -141,10 +238,23 @@ def main() -> None:
     checkers: dict = {}
     exec(compile(spec["checkers_source"], "checkers.py", "exec"), checkers)
     checker = spec["checker"]
+    exec_each = Exec(spec["cmd"])
+    zygote = Zygote(spec["zygote_source"]) if spec.get("zygote_source") and len(spec["cases"]) > 1 else None
     results, passed = [], 0
     for case in spec["cases"]:
-        r = _run_case(spec["cmd"], case["stdin"], spec["timeout_s"], spec["output_bytes"], spec["memory_kb"])
-        init.kill_everyone_else()  # nothing a case started survives into the checker or the next case
+        args = (case["stdin"], spec["timeout_s"], spec["output_bytes"], spec["memory_kb"])
+        r = _run_case(zygote, *args) if zygote else None
+        if r is None:
+            if zygote:
+                zygote.close()
+                zygote = None
+            r = _run_case(exec_each, *args)
+        # nothing a case started survives into the checker or the next case
+        if zygote is not None and (zygote.pid < 0 or not init.kill_all_except({zygote.pid})):
+            zygote.close()
+            zygote = None
+        if zygote is None:
+            init.kill_everyone_else()
         if r["verdict"] is None and checker_fd is not None:
             ok, r["checker_message"] = _check_with_program(spec, checker_fd, case, r["stdout"])
             r["verdict"] = "AC" if ok else "WA"

@@ -153,3 +153,33 @@ def test_compilers_cannot_embed_the_expected_outputs(client, require_language, l
     require_language(language)
     r = client.run(language, code, cases=PERMUTATION_CASES)
     assert r.status.value == "compile_error" and r.cases_passed == 0, r
+
+
+def test_python_cases_run_as_python3_main_py(client):
+    """Python's cases fork from a fork server (sandbox/harness/python_zygote.py); each must still be what
+    `python3 main.py` is: its own __main__, argv and path, exit statuses, tracebacks, atexit, threads, flushes."""
+    code = ("import atexit, sys, threading\nseen = sys.modules['__main__'].__dict__.setdefault('runs', [])\n"
+            "seen.append(1)\nn = int(input())\n"
+            "if n == 1: sys.exit(3)\n"
+            "if n == 2: raise ValueError('boom')\n"
+            "if n == 3: sys.exit('bye')\n"
+            "atexit.register(lambda: print('atexit', flush=True))\n"
+            "threading.Thread(target=lambda: (__import__('time').sleep(0.05), print('thread'))).start()\n"
+            "print(__name__, __file__, sys.argv, sys.path[0], len(seen), end=' ')")
+    cases = [{"stdin": f"{n}\n", "expected_stdout": "__main__ /work/main.py ['main.py'] /work 1 thread\natexit\n"}
+             for n in range(5)]
+    r = client.run("python", code, cases=cases)
+    assert [(c.verdict.value, c.exit_code) for c in r.cases] == [("AC", 0), ("RE", 3), ("RE", 1), ("RE", 1),
+                                                                  ("AC", 0)], r.cases
+    assert "ValueError: boom" in r.cases[2].stderr and r.cases[3].stderr.strip() == "bye"
+
+
+@pytest.mark.parametrize("attack,verdicts", [
+    ("os.kill(os.getppid(), signal.SIGKILL)", ["AC", "AC", "AC"]),  # the fork server dies: the rest exec
+    ("os.kill(os.getppid(), signal.SIGSTOP)", ["TLE", "AC", "AC"]),  # it stops: that case waits out its time
+])
+def test_a_case_cannot_take_the_fork_server_with_it(client, attack, verdicts):
+    code = f"import os, signal\nn = int(input())\nif n == 0: {attack}\nprint(n)"
+    cases = [{"stdin": f"{n}\n", "expected_stdout": f"{n}\n"} for n in range(3)]
+    r = client.run("python", code, cases=cases, limits={"timeout_s": 1})
+    assert [c.verdict.value for c in r.cases] == verdicts, r.cases
