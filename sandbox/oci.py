@@ -6,35 +6,33 @@ from typing import Any
 
 from .images import SANDBOX_GID, SANDBOX_UID, Image
 from .seccomp_bpf import annotation as seccomp_annotation
+from .syscalls import ALLOWED, ALLOWED_IF_FIRST_ARG, CLONE_NAMESPACE_FLAGS, DENIED, SOCKET_FAMILY_DENIED
 
-# Denied with EPERM. Without capabilities most of these already fail; the list is a second wall, and it is
-# what blocks unprivileged user namespaces (unshare/clone with CLONE_NEWUSER succeed otherwise).
-DENIED_SYSCALLS = (
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "ptrace", "process_vm_readv",
-    "process_vm_writev", "bpf", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
-    "perf_event_open", "userfaultfd", "open_by_handle_at", "name_to_handle_at", "iopl", "ioperm",
-    "quotactl", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "fsopen", "fsmount",
-    "fsconfig", "fspick", "move_mount", "open_tree", "mount_setattr", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "vhangup", "uselib", "fanotify_init", "lookup_dcookie", "personality",
-)
-_CLONE_NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
 EPERM, ENOSYS = 1, 38
 
 
 def seccomp_profile() -> dict[str, Any]:
+    """An allow list (sandbox/syscalls.py): unknown syscalls get ENOSYS, the known-dangerous EPERM."""
+    ns_mask = sum(CLONE_NAMESPACE_FLAGS)
     rules: list[dict[str, Any]] = [
-        {"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
-        # ENOSYS, not EPERM: glibc then falls back to clone(), whose flags are checked below.
-        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
-    ]
-    for flag in _CLONE_NS_FLAGS:
+        {"names": sorted(ALLOWED), "action": "SCMP_ACT_ALLOW"},
+        {"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+         "args": [{"index": 0, "value": ns_mask, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]},
+        {"names": ["socket"], "action": "SCMP_ACT_ALLOW",
+         "args": [{"index": 0, "value": SOCKET_FAMILY_DENIED, "op": "SCMP_CMP_NE"}]},
+        {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+         "args": [{"index": 0, "value": SOCKET_FAMILY_DENIED, "op": "SCMP_CMP_EQ"}]},
+        *({"names": [name], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": v, "op": "SCMP_CMP_EQ"}]}
+          for name, values in ALLOWED_IF_FIRST_ARG.items() for v in values),
+        {"names": list(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+    ]  # clone3 is not listed: its ENOSYS (the default) makes glibc fall back to clone(), whose flags are checked
+    for flag in CLONE_NAMESPACE_FLAGS:
         rules.append({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
                       "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]})
     # Only the native ABI is listed: calls through another ABI (int 0x80, x32) hit libseccomp's bad-arch kill.
-    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [_ARCH.get(platform.machine(), "SCMP_ARCH_X86_64")],
-            "syscalls": rules}
+    return {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": ENOSYS,
+            "architectures": [_ARCH.get(platform.machine(), "SCMP_ARCH_X86_64")], "syscalls": rules}
 
 
 _SECCOMP = seccomp_profile()

@@ -12,7 +12,6 @@ import tempfile
 from typing import Any
 
 SCMP_ACT_ALLOW = 0x7FFF0000
-SCMP_CMP_MASKED_EQ = 7
 _ERRNO = 0x00050000
 
 
@@ -34,28 +33,43 @@ def _lib() -> ctypes.CDLL | None:
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
                                            ctypes.POINTER(_ArgCmp)]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
     return lib
 
 
+_OPS = {"SCMP_CMP_NE": 1, "SCMP_CMP_EQ": 4, "SCMP_CMP_MASKED_EQ": 7}
+SCMP_FLTATR_CTL_OPTIMIZE = 8  # 2: a binary tree over syscall numbers instead of a linear scan
+
+
+def _action(kind: str, errno: int | None) -> int | None:
+    if kind == "SCMP_ACT_ALLOW":
+        return SCMP_ACT_ALLOW
+    if kind == "SCMP_ACT_ERRNO":
+        return _ERRNO | (int(1 if errno is None else errno) & 0xFFFF)
+    return None
+
+
 def compile_profile(profile: dict[str, Any]) -> bytes | None:
-    """BPF of an OCI seccomp profile with ALLOW default and ERRNO rules (what oci.py builds); None if
-    libseccomp is unavailable or the profile uses anything else."""
+    """BPF of an OCI seccomp profile made of ALLOW and ERRNO actions with NE/EQ/MASKED_EQ argument checks
+    (what oci.py builds); None if libseccomp is unavailable or the profile uses anything else."""
     lib = _lib()
-    if lib is None or profile.get("defaultAction") != "SCMP_ACT_ALLOW":
+    default = _action(profile.get("defaultAction", ""), profile.get("defaultErrnoRet"))
+    if lib is None or default is None:
         return None
-    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    ctx = lib.seccomp_init(default)
     if not ctx:
         return None
     try:
+        lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2)  # libseccomp < 2.5 has no tree: linear then
         for rule in profile["syscalls"]:
-            if rule["action"] != "SCMP_ACT_ERRNO":
-                return None
-            action = _ERRNO | (int(rule.get("errnoRet", 1)) & 0xFFFF)
+            action = _action(rule["action"], rule.get("errnoRet"))
             args = rule.get("args") or []
-            if any(a["op"] != "SCMP_CMP_MASKED_EQ" for a in args):
+            if action is None or any(a["op"] not in _OPS for a in args):
                 return None
-            cmps = (_ArgCmp * max(1, len(args)))(*[_ArgCmp(a["index"], SCMP_CMP_MASKED_EQ, a["value"],
-                                                           a["valueTwo"]) for a in args])
+            if action == default and not args:
+                continue  # libseccomp refuses rules that repeat the default action
+            cmps = (_ArgCmp * max(1, len(args)))(*[_ArgCmp(a["index"], _OPS[a["op"]], a["value"],
+                                                           a.get("valueTwo", 0)) for a in args])
             for name in rule["names"]:
                 nr = lib.seccomp_syscall_resolve_name(name.encode())
                 if nr < 0:  # not on this architecture

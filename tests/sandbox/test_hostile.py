@@ -116,6 +116,27 @@ print("blocked caps" if all(l.split()[1] == "0000000000000000" for l in caps) el
 print("blocked nnp" if "NoNewPrivs:\\t1" in st else "ALLOWED nnp")
 print("blocked root" if os.getuid() == 65534 else "ALLOWED uid %d" % os.getuid())
 """, {"ok"}, _all_blocked),
+    Case("py-outside-the-allow-list", "python", """import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+checks = {  # name: (call, the errno the allow list answers with)
+    "io_uring_setup": (lambda: libc.syscall(425, 1, 0), errno.EPERM),
+    "kcmp": (lambda: libc.syscall(312, 1, 1, 0, 0, 0), errno.EPERM),
+    "pidfd_getfd": (lambda: libc.syscall(438, 0, 0, 0), errno.EPERM),
+    "personality-no-aslr": (lambda: libc.personality(0x0040000), errno.ENOSYS),
+    "unknown-syscall-1000": (lambda: libc.syscall(1000, 0, 0), errno.ENOSYS),
+    "name_to_handle_at": (lambda: libc.syscall(303, -100, b"/", 0, 0, 0), errno.EPERM),
+}
+for name, (call, want) in checks.items():
+    rc = call()
+    got = ctypes.get_errno()
+    print(("blocked " if rc == -1 and got == want else "ALLOWED ") + name, rc, got)
+try:
+    socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK
+    print("ALLOWED vsock")
+except OSError as e:
+    print("blocked vsock", e.errno)
+print("blocked query" if libc.personality(0xFFFFFFFF) == 0 else "ALLOWED odd personality")
+""", {"ok"}, _all_blocked),
     Case("c-clone-newuser", "c", """#define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>

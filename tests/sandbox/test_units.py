@@ -73,7 +73,12 @@ def test_spec_is_locked_down():
     assert p["user"]["uid"] == 65534 and p["noNewPrivileges"] and not any(p["capabilities"].values())
     ns = {n["type"]: n.get("path") for n in spec["linux"]["namespaces"]}
     assert set(ns) >= {"pid", "mount", "ipc", "uts", "network"} and ns["network"] == "/run/ns"
-    denied = {n for r in spec["linux"]["seccomp"]["syscalls"] for n in r["names"]}
-    assert {"mount", "unshare", "ptrace", "bpf", "keyctl", "clone", "clone3", "setns"} <= denied
+    seccomp = spec["linux"]["seccomp"]
+    assert seccomp["defaultAction"] == "SCMP_ACT_ERRNO" and seccomp["defaultErrnoRet"] == 38  # an allow list
+    allowed = {n for r in seccomp["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args") for n in r["names"]}
+    denied = {n for r in seccomp["syscalls"] if r["action"] == "SCMP_ACT_ERRNO" for n in r["names"]}
+    assert {"mount", "unshare", "ptrace", "bpf", "keyctl", "clone", "setns", "io_uring_setup"} <= denied
+    assert not allowed & denied and "clone3" not in allowed and {"read", "execve", "memfd_create"} <= allowed
+    assert spec["annotations"]["run.oci.seccomp_bpf_data"]  # precompiled, so crun does not compile it per start
     usr = next(m for m in spec["mounts"] if m["destination"] == "/usr")
     assert "ro" in usr["options"]
