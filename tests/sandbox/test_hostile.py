@@ -24,6 +24,7 @@ class Case:
     status: set[str]
     check: Callable[[RunResult], bool] = lambda r: True
     limits: dict = field(default_factory=lambda: dict(TIGHT))
+    jupyter: bool = False  # the code is one cell of a Jupyter-mode request (language python)
 
 
 def _all_blocked(r: RunResult) -> bool:
@@ -210,6 +211,25 @@ except OSError as e:
          {"ok"}, _all_blocked),
     Case("ts-infinite-loop", "typescript", "while (true) {}", {"timeout"}),
     # The service runs with NOTIFY_SOCKET, LISTEN_FDS and its token in its environment (conftest.py).
+    # The Jupyter kernel (one cell of a Jupyter-mode request): the same walls around an ipykernel
+    Case("jupyter-fork-bomb", "python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+         "        pass", {"ok", "timeout", "memory_limit", "runtime_error"}, jupyter=True),
+    Case("jupyter-memory-hog", "python", "x = []\nwhile True:\n    x.append(bytearray(50 << 20))",
+         {"ok", "memory_limit", "runtime_error"}, jupyter=True),
+    Case("jupyter-kill-all", "python", "import os\nos.system('kill -9 -1; kill -9 1')\nprint('blocked kill')",
+         {"ok", "runtime_error"}, jupyter=True),
+    Case("jupyter-network-and-host", "python", """import socket
+for target in [("{host_ip}", {port}), ("127.0.0.1", {port}), ("8.8.8.8", 53)]:
+    try:
+        socket.create_connection(target, timeout=1); print("ALLOWED", target)
+    except OSError as e:
+        print("blocked", target)
+for path in ["/etc/shadow", "{repo}/pyproject.toml", "/proc/{host_pid}/environ"]:
+    try:
+        open(path).read(); print("ALLOWED", path)
+    except OSError:
+        print("blocked", path)
+""", {"ok"}, _all_blocked, jupyter=True),
     Case("py-host-env", "python", """import os
 env = [k for k in os.environ if k.startswith(("NOTIFY", "LISTEN", "TIDE"))]
 print("blocked env" if not env else "LEAKED env %s" % env)
@@ -243,7 +263,11 @@ def test_hostile(case: Case, client, service, host_victim, host_ip):
     port = service.url.rsplit(":", 1)[1]
     code = (case.code.replace("{port}", port).replace("{host_ip}", host_ip)
             .replace("{host_pid}", str(host_victim.pid)).replace("{repo}", str(REPO)))
-    r = client.run(case.language, code, limits=case.limits)
+    if case.jupyter:
+        r = client.run("python", "", cells=[code], limits=case.limits, cell_timeout_s=case.limits["timeout_s"])
+        r = r.model_copy(update={"stdout": "".join(c.stdout for c in r.cells or [])})
+    else:
+        r = client.run(case.language, code, limits=case.limits)
     assert r.status.value in case.status, r
     assert case.check(r), r
     assert host_victim.poll() is None, "a host process was killed"
