@@ -11,8 +11,10 @@ driver's state, and a hung one is stopped after `reward_timeout_s`); coroutine f
 Built-ins: `exact` (whole-string match), `numeric` (numbers with answer extraction: the last \\boxed{}, `####`
 or the last number), `math` (Hugging Face `math-verify`: symbolic equivalence of the extracted answer), `code`
 (the fraction of the problem's tests the completion's code passes in the sandbox: a `tests` column of
-assertions, with an optional `language` column, or an `answer` holding the JSON spec {"language", "tests"};
-None for a problem with neither), `length` (Kimi k1.5's length reward, arXiv:2501.12599 section 2.3.3: within
+assertions, with an optional `language` column; or stdin/stdout problems, judged per case: a `cases` column
+(a list of {stdin, expected_stdout} or {input, output}, or CodeContests' {"input": [...], "output": [...]})
+with an optional `checker` column (exact | tokens | float | program, sandbox judge mode); or an `answer`
+holding the JSON spec {"language", "tests"} or {"language", "cases", "checker"}; None for a problem with none), `length` (Kimi k1.5's length reward, arXiv:2501.12599 section 2.3.3: within
 each prompt's samples, lam = 0.5 - (len - min_len) / (max_len - min_len) in tokens; a sample counts as correct
 when the weighted sum of the other functions exceeds 0.5 and gets lam, an incorrect one min(0, lam); computed
 on the driver after the others, for the samples they scored)."""
@@ -76,11 +78,15 @@ def _math(prompts, completions, answer, **_) -> list[float]:
     return [_math_equivalent(c, a) for c, a in zip(completions, answer)]
 
 
-def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, **_) -> list[float | None]:
+def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, cases=None, checker=None,
+          **_) -> list[float | None]:
     from rollout.tasks.code import score_in_sandbox
     from sandbox.client import SandboxClient
 
-    specs = [_code_spec(answer[i], tests[i] if tests else None, language[i] if language else None)
+    def column(values, i):
+        return values[i] if values else None
+
+    specs = [_code_spec(answer[i], column(tests, i), column(language, i), column(cases, i), column(checker, i))
              for i in range(len(completions))]
     todo = [i for i, spec in enumerate(specs) if spec is not None]
     out: list[float | None] = [None] * len(completions)
@@ -91,14 +97,18 @@ def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, languag
     return out
 
 
-def _code_spec(answer: Any, tests: Any, language: Any) -> dict | None:
+def _code_spec(answer: Any, tests: Any, language: Any, cases: Any = None, checker: Any = None) -> dict | None:
     if tests:
         return {"language": language or "python", "tests": list(tests)}
+    if cases:
+        cases = json.loads(cases) if isinstance(cases, str) else cases
+        checker = json.loads(checker) if isinstance(checker, str) else checker
+        return {"language": language or "python", "cases": cases, "checker": checker}
     try:
         spec = json.loads(answer) if isinstance(answer, str) else answer
     except ValueError:
         return None
-    return spec if isinstance(spec, dict) and spec.get("tests") else None
+    return spec if isinstance(spec, dict) and (spec.get("tests") or spec.get("cases")) else None
 
 
 @functools.lru_cache(maxsize=65536)

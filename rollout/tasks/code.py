@@ -10,14 +10,14 @@ import os
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from sandbox.client import SandboxClient
 from sandbox.models import Limits, RunRequest, Status
 
 from .base import Problem
 
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+_FENCE = re.compile(r"```[\w+#.-]*[ \t]*\n(.*?)```", re.S)  # any language tag: ```python, ```cpp, ```c++
 
 
 def _rng(seed: int, *stream: int) -> random.Random:
@@ -80,18 +80,33 @@ def extract_code(completion: str) -> str:
     return m.group(1) if m else completion
 
 
+def judge_cases(cases: Any) -> list[dict]:
+    """stdin/stdout cases in the shapes datasets carry them: a list of {stdin, expected_stdout} or {input, output},
+    or CodeContests' {"input": [...], "output": [...]}."""
+    if isinstance(cases, dict):
+        cases = [{"stdin": i, "expected_stdout": o} for i, o in zip(cases["input"], cases["output"], strict=True)]
+    return [{"stdin": c.get("stdin", c.get("input", "")), "expected_stdout": c.get("expected_stdout", c.get("output"))}
+            for c in cases]
+
+
 def score_in_sandbox(client: SandboxClient, specs: Sequence[dict], completions: Sequence[str],
                      limits: Limits) -> list[float]:
-    """The fraction of its spec's tests ({"language", "tests"}) each completion's code passes, run in the sandbox
-    as one batch; a sandbox fault (not the program's) raises."""
-    reqs = [RunRequest(language=spec.get("language", "python"), code=extract_code(c), tests=list(spec["tests"]),
-                       limits=limits) for spec, c in zip(specs, completions)]
+    """The fraction of its spec's tests ({"language", "tests"}) or stdin/stdout cases ({"language", "cases",
+    "checker"}: judge mode) each completion's code passes, run in the sandbox as one batch; a sandbox fault (not
+    the program's) raises."""
+    reqs = []
+    for spec, completion in zip(specs, completions):
+        common = dict(language=spec.get("language") or "python", code=extract_code(completion), limits=limits)
+        if spec.get("cases"):
+            reqs.append(RunRequest(**common, cases=judge_cases(spec["cases"]), checker=spec.get("checker") or {}))
+        else:
+            reqs.append(RunRequest(**common, tests=list(spec["tests"])))
     rewards = []
     for res in client.run_batch(reqs):
         if res.status is Status.internal_error:
             raise RuntimeError(f"sandbox internal error: {res.stderr[:500]}")
-        total = res.tests_total or 0
-        rewards.append((res.tests_passed or 0) / total if total else 0.0)
+        passed, total = (res.cases_passed, res.cases_total) if res.cases_total else (res.tests_passed, res.tests_total)
+        rewards.append((passed or 0) / total if total else 0.0)
     return rewards
 
 

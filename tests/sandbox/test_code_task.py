@@ -69,3 +69,27 @@ def test_code_as_a_reward_function(service, monkeypatch):
     assert got.rewards == [1.0, 1.0, 0.5, None]
     with pytest.raises(Exception, match="needs a sandbox"):
         RewardFunctions([RewardSpec(fn="code")])
+
+
+def test_code_reward_judges_stdin_stdout_cases(service, monkeypatch):
+    """`cases` (and `checker`) columns or a JSON spec with cases: the sandbox's judge mode, the share of cases
+    accepted; CodeContests' {"input": [...], "output": [...]} as it comes."""
+    from orchestrator.reward_functions import RewardFunctions, RewardSpec
+
+    monkeypatch.setenv("TIDE_SANDBOX_TOKEN", "test-token")
+    cases = [{"stdin": "1 2\n", "expected_stdout": "3\n"}, {"input": "2 2\n", "output": "4\n"}]
+    contests = {"input": ["1 2\n", "5 5\n", "0 0\n", "9 1\n"], "output": ["3\n", "10\n", "0\n", "10.0\n"]}
+    spec = json.dumps({"language": "cpp", "cases": cases})
+    add = "a, b = map(int, input().split())\nprint(a + b)"
+    cpp = "#include <cstdio>\nint main() { long a, b; scanf(\"%ld %ld\", &a, &b); printf(\"%ld\\n\", a + b); }"
+    fns = RewardFunctions([RewardSpec(fn="code")], sandbox_url=service.url)
+    try:
+        got = fns.score(["p"] * 5, [add, f"```python\n{add}\n```", "print(3)", add, f"```cpp\n{cpp}\n```"],
+                        {"answer": ["", "", "", "", spec],
+                         "cases": [cases, contests, cases, contests, None],
+                         "checker": [None, {"kind": "float"}, None, None, None],
+                         "language": ["python", "python", "python", None, None]})
+    finally:
+        fns.close()
+    # exact checker: "10.0" is not "10"; the float checker accepts it; print(3) passes only the first case
+    assert got.rewards == [1.0, 1.0, 0.5, 0.75, 1.0]
