@@ -56,6 +56,68 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
+def generate_requests(problems: Sequence[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int,
+                      top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
+                      stop_token_ids: Sequence[int] = ()) -> tuple[list, list]:
+    """The vLLM prompts and SamplingParams of one generate call: one request per sample, each with its own
+    seed (sample_seed), asking for the sampled tokens' log-probs."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = [
+        SamplingParams(
+            n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=sample_seed(seed, i, j), logprobs=0, stop=list(stop) or None,
+            stop_token_ids=list(stop_token_ids) or None, detokenize=bool(stop),  # vLLM matches stop text
+        )
+        for i in range(len(problems)) for j in range(n_samples)
+    ]
+    prompts = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
+               for p in problems for _ in range(n_samples)]
+    return prompts, params
+
+
+def configure_env(cfg: EngineConfig) -> None:
+    """The environment vLLM reads in this process and passes to the engine's processes."""
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", cfg.cache_root or str(_PROJECT_ROOT / ".cache" / "vllm"))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM waits this long for its workers to exit before killing them (default 5 s, and they never
+    # made it in time here): a restart would otherwise spend 5 s on teardown.
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    # Read once when vLLM is first imported in this process.
+    os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.engine_start_timeout_s))
+    # Explicit for tp=1 too: vLLM's "auto" binding reserves a core for its scheduler and keeps one logical
+    # CPU per physical core, which left the model one thread on a 2-vCPU machine (half the tokens/s of
+    # binding both; scripts/bench_rollout.py). Ignored on GPUs.
+    if "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(cfg.tp)
+    os.environ.update(cfg.extra_env)
+
+
+def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) -> dict:
+    """vLLM `LLM(...)` arguments of a rollout engine."""
+    kw: dict[str, Any] = dict(
+        tensor_parallel_size=cfg.tp, dtype=dtype, seed=seed, enforce_eager=cfg.enforce_eager,
+        kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not deterministic,
+        # log-probs of the distribution sampled from (after temperature and top-k/top-p): what the trainer
+        # recomputes; score_sequences' prompt log-probs stay raw whatever this says
+        logprobs_mode="processed_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
+        # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
+        # discarded and its generator rewound with set_offset, which CPU generators do not support
+        # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.
+        enable_chunked_prefill=False,
+    )
+    if cfg.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.max_model_len is not None:
+        kw["max_model_len"] = cfg.max_model_len
+    if cfg.max_num_seqs is not None:
+        kw["max_num_seqs"] = cfg.max_num_seqs
+    return kw
+
+
 def _token_logprob(entry: Any, token: int) -> float:
     return float(entry[token].logprob)
 
@@ -116,18 +178,8 @@ class RolloutEngine:
         Sample.prompt_index = problem index."""
         if n_samples < 1 or max_new_tokens < 1:
             raise ValueError("n_samples and max_new_tokens must be >= 1")
-        from vllm import SamplingParams, TokensPrompt
-
-        params = [
-            SamplingParams(
-                n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                seed=sample_seed(seed, i, j), logprobs=0, stop=list(stop) or None,
-                stop_token_ids=list(stop_token_ids) or None, detokenize=bool(stop),  # vLLM matches stop text
-            )
-            for i in range(len(problems)) for j in range(n_samples)
-        ]
-        prompts = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
-                   for p in problems for _ in range(n_samples)]
+        prompts, params = generate_requests(problems, n_samples, max_new_tokens, temperature, seed, top_p, top_k,
+                                            stop, stop_token_ids)
         if not prompts:
             return Samples()
         with self._lock:
@@ -242,44 +294,10 @@ class RolloutEngine:
     # ------------------------------------------------------------------ engine lifecycle
 
     def _configure_env(self) -> None:
-        cfg = self.cfg
-        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-        os.environ.setdefault("VLLM_CACHE_ROOT", cfg.cache_root or str(_PROJECT_ROOT / ".cache" / "vllm"))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # vLLM waits this long for its workers to exit before killing them (default 5 s, and they never
-        # made it in time here): a restart would otherwise spend 5 s on teardown.
-        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-        # Read once when vLLM is first imported in this process.
-        os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(cfg.engine_start_timeout_s))
-        # Explicit for tp=1 too: vLLM's "auto" binding reserves a core for its scheduler and keeps one logical
-        # CPU per physical core, which left the model one thread on a 2-vCPU machine (half the tokens/s of
-        # binding both; scripts/bench_rollout.py). Ignored on GPUs.
-        if "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(cfg.tp)
-        os.environ.update(cfg.extra_env)
+        configure_env(self.cfg)
 
     def _llm_kwargs(self) -> dict:
-        cfg = self.cfg
-        kw: dict[str, Any] = dict(
-            tensor_parallel_size=cfg.tp, dtype=self.dtype, seed=self.seed, enforce_eager=cfg.enforce_eager,
-            kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not self.deterministic,
-            # log-probs of the distribution sampled from (after temperature and top-k/top-p): what the trainer
-            # recomputes; score_sequences' prompt log-probs stay raw whatever this says
-            logprobs_mode="processed_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
-            # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
-            # discarded and its generator rewound with set_offset, which CPU generators do not support
-            # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.
-            enable_chunked_prefill=False,
-        )
-        if cfg.max_num_batched_tokens is not None:
-            kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
-        if cfg.max_model_len is not None:
-            kw["max_model_len"] = cfg.max_model_len
-        if cfg.max_num_seqs is not None:
-            kw["max_num_seqs"] = cfg.max_num_seqs
-        return kw
+        return llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
 
     def _start(self, path: Path) -> None:
         from vllm import LLM
