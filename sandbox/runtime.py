@@ -35,6 +35,7 @@ from . import metrics
 from .cgroups import CgroupLayout, CgroupPool, Slot, detect
 from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
+from .lru import LruCache
 from .languages import LANGUAGES, Language, command, get_language, python_tests
 from .models import CaseResult, CellResult, RunRequest, RunResult, SessionRequest, Status, Verdict
 from .sessions import DRIVER as SESSION_DRIVER
@@ -44,8 +45,8 @@ from .value_tests import (
     EXPECTED_DIR,
     VALUES_PATH,
     Expected,
-    ExpectedCache,
     Split,
+    expected_key,
     parse_values,
     read_values,
     split_test,
@@ -300,8 +301,8 @@ class SandboxRuntime:
         self._lock = threading.Lock()
         self._inflight = 0
         self._sessions: dict[str, Session] = {}
-        self._expected = ExpectedCache()
-        self._checkers: dict[str, bytes] = {}  # compiled checker programs by source, oldest first
+        self._expected: LruCache[Expected] = LruCache(4096)  # by test set (value_tests.expected_key)
+        self._checkers: LruCache[bytes] = LruCache(16)  # compiled checker programs by source
         self._seq = itertools.count()
         self.dir = self.config.state_dir / str(os.getpid())
         self.crun_root = self.dir / "crun"
@@ -610,24 +611,15 @@ class SandboxRuntime:
                          splits: list[Split], limits: Resolved, out: str) -> Expected:
         """Tests mode outside Python: evaluate the tests' expected sides in this container before any step of the
         solution's (its compile included, which could otherwise read them), then delete every file of it."""
-        key = ExpectedCache.key(lang.name, image.name, req)
+        key = expected_key(lang.name, image.name, req)
         hit = self._expected.get(key)
         if hit is not None:
             return hit
-        sub = Path(rootfs, "work", EXPECTED_DIR)
         files = lang.values(None, [s.expected for s in splits], f"/work/{EXPECTED_DIR}/.tide_values")
-        sub.mkdir()
-        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
-        self._write_files(sub, files)
         elimits = self.config.compile_step(limits)
         steps = [command(lang, step, files, elimits.memory_mb) for step in (lang.compile, lang.run) if step]
-        script = f"cd {EXPECTED_DIR} && " + " && ".join(shlex.join(s) for s in steps[:-1]) + \
-            (" && " if len(steps) > 1 else "") + "exec " + shlex.join(steps[-1])
-        p = self._phase(w, rootfs, image, ["sh", "-c", script], elimits, None, out, "expected")
-        data = read_values(str(sub), ".tide_values", limits.disk_mb << 20)
-        shutil.rmtree(sub, ignore_errors=True)
-        for name in ("expected.stdout", "expected.stderr"):
-            os.unlink(f"{out}/{name}")
+        p, data = self._side_phase(w, rootfs, image, out, "expected", EXPECTED_DIR, files, steps, elimits,
+                                   ".tide_values", limits.disk_mb << 20)
         error = ""
         if p.runtime_error or p.exit_code != 0 or p.timed_out or p.oom or p.output_exceeded:
             why = (p.runtime_error or "timed out" if p.timed_out else "ran out of memory" if p.oom
@@ -648,29 +640,40 @@ class SandboxRuntime:
         if not lang.compile:
             return code.encode()
         key = hashlib.sha256(json.dumps([lang.name, image.name, code]).encode()).hexdigest()
-        with self._lock:
-            hit = self._checkers.get(key)
+        hit = self._checkers.get(key)
         if hit is not None:
             return hit
-        sub = Path(rootfs, "work", CHECKER_DIR)
-        sub.mkdir()
-        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
         files = {lang.source: code}
-        self._write_files(sub, files)
         climits = self.config.compile_step(limits)
-        args = ["sh", "-c", f"cd {CHECKER_DIR} && exec " + shlex.join(command(lang, lang.compile, files, climits.memory_mb))]
-        p = self._phase(w, rootfs, image, args, climits, None, out, "checker")
-        binary = read_values(str(sub), _C_RUN_BINARY, 256 << 20)
-        shutil.rmtree(sub, ignore_errors=True)
+        p, binary = self._side_phase(w, rootfs, image, out, "checker", CHECKER_DIR, files,
+                                     [command(lang, lang.compile, files, climits.memory_mb)], climits,
+                                     _C_RUN_BINARY, 256 << 20)
         if p.runtime_error or p.exit_code != 0 or not binary:
             detail = (p.runtime_error or "") + (p.stdout + p.stderr).decode("utf-8", "replace")[-4000:]
             return RunResult(status=Status.compile_error, stderr=f"the checker program did not compile:\n{detail}",
                              wall_ms=p.wall_ms, cases_passed=0, cases_total=len(req.cases))
-        with self._lock:
-            self._checkers[key] = binary
-            while len(self._checkers) > 16:
-                self._checkers.pop(next(iter(self._checkers)))
+        self._checkers.put(key, binary)
         return binary
+
+    def _side_phase(self, w: Worker, rootfs: str, image: Image, out: str, tag: str, subdir: str,
+                    files: dict[str, str], steps: list[list[str]], limits: Resolved, product: str,
+                    max_bytes: int) -> tuple[Phase, bytes]:
+        """Run `steps` (e.g. compile, then run) on `files` in /work/<subdir> of this container, before anything of
+        the solution's; return the phase and the file `product` it left there, read from outside without
+        following links; then remove the subdirectory and the phase's captured output, so that nothing of it
+        is left for the solution's steps."""
+        sub = Path(rootfs, "work", subdir)
+        sub.mkdir()
+        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
+        self._write_files(sub, files)
+        script = f"cd {subdir} && " + "".join(shlex.join(s) + " && " for s in steps[:-1]) + "exec " + \
+            shlex.join(steps[-1])
+        p = self._phase(w, rootfs, image, ["sh", "-c", script], limits, None, out, tag)
+        data = read_values(str(sub), product, max_bytes)
+        shutil.rmtree(sub, ignore_errors=True)
+        for name in (f"{tag}.stdout", f"{tag}.stderr"):
+            os.unlink(f"{out}/{name}")
+        return p, data
 
     def _write_late_files(self, work: Path, files: dict[str, str | bytes]) -> None:
         """Files written between steps: whatever the earlier step left under those names goes first (a link

@@ -19,8 +19,6 @@ import json
 import os
 import re
 import stat
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from .models import RunRequest, RunResult
@@ -320,32 +318,11 @@ class Expected:
     error: str = ""  # why the expected program did not run to its end, for the run's stderr
 
 
-class ExpectedCache:
-    """Expected values by what determines them (language, image, tests, files): the n samples of one prompt
+def expected_key(language: str, image: str, req: RunRequest) -> str:
+    """What determines a request's expected values (language, image, tests, files): the n samples of one prompt
     share their tests, so their expected program runs once."""
-
-    def __init__(self, size: int = 4096):
-        self.size = size
-        self._items: OrderedDict[str, Expected] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def key(language: str, image: str, req: RunRequest) -> str:
-        what = [language, image, req.tests, sorted(req.files.items()), sorted(req.binary_files.items())]
-        return hashlib.sha256(json.dumps(what).encode()).hexdigest()
-
-    def get(self, key: str) -> Expected | None:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-            return hit
-
-    def put(self, key: str, value: Expected) -> None:
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+    what = [language, image, req.tests, sorted(req.files.items()), sorted(req.binary_files.items())]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
 
 def valued(result: RunResult, tests: list[str], expected: Expected,
