@@ -1,8 +1,14 @@
-"""The proof that the engines serve the trainer's weights and sample the distribution the trainer trains:
-after every sync each engine samples one completion for each of a fixed set of probe prompts, with the run's
-temperature / top-p / top-k and a fixed seed, and the trainer recomputes the log-probs of those tokens under
-the same distribution. Their mean absolute difference (worst engine) must stay within
-`rollout.max_logprob_gap`."""
+"""The proof that the engines serve the trainer's weights and sample the distribution the trainer trains.
+
+Every iteration: the trainer's log-probs of the first mini-batch, computed before its update for the loss
+anyway, against the log-probs the engines returned for those tokens (slime compares the same two); the
+engines sampled them on the weights the trainer still holds, so the mean absolute difference must stay
+within `rollout.max_logprob_gap`. It is checked before the iteration publishes anything.
+
+The probe (`rollout.probe_every`): after a sync each engine samples one completion for each of a fixed set
+of probe prompts, with the run's temperature / top-p / top-k and a fixed seed, and the trainer recomputes the
+log-probs of those tokens under the same distribution; the worst engine's mean gap has the same bound. It
+covers every engine by name, which the first mini-batch need not."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -41,10 +47,14 @@ def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Pro
     return max(gaps)
 
 
-def check_logprob_gap(iteration: int, gap: float, limit: float) -> None:
+def probe_due(interval: int, iteration: int) -> bool:
+    return interval > 0 and iteration % interval == 0
+
+
+def check_logprob_gap(iteration: int, gap: float, limit: float, where: str = "the probe batch") -> None:
     if not gap <= limit:  # also catches NaN
         raise LogprobGapError(
-            f"iteration {iteration}: vLLM and trainer log-probs differ by {gap:.3g} on the probe batch "
+            f"iteration {iteration}: vLLM and trainer log-probs differ by {gap:.3g} on {where} "
             f"(rollout.max_logprob_gap = {limit:g}); the engines do not serve the trainer's weights, or do not "
             f"sample the distribution the trainer computes"
         )

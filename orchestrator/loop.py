@@ -8,7 +8,7 @@ from ckpt_transfer.export import export_hf
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
-from orchestrator.logprob_check import check_logprob_gap, logprob_gap
+from orchestrator.logprob_check import check_logprob_gap, logprob_gap, probe_due
 from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
 from orchestrator.rewards import score_samples
 from orchestrator.session import Session, console
@@ -49,14 +49,20 @@ def run_iterations(s: Session) -> None:
                 lr = lr_at(t.lr, t.lr_schedule, it, cfg.iterations)
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle)
+            gap_bound = r.logprob_gap_bound(cfg.model.dtype)
+            check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update")
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
                 delivery = s.sync(manifest)
-                gap = logprob_gap(s.trainer, s.rollout, s.probe, r.max_new_tokens, s.sampling, cfg.seed)
                 rec["bytes"] = manifest.nbytes
+            probe = {}
+            if probe_due(r.probe_interval, it):
+                with run.phase(it, "probe"):
+                    probe["probe_gap"] = logprob_gap(s.trainer, s.rollout, s.probe, r.max_new_tokens, s.sampling,
+                                                     cfg.seed)
             evaluation = {}
             if cfg.eval.every and it % cfg.eval.every == 0:
                 with run.phase(it, "eval"):
@@ -65,12 +71,15 @@ def run_iterations(s: Session) -> None:
                                           sampling_seed(cfg.seed + EVAL_STREAM, it))
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
-            run.log_metrics({"iteration": it, **reward, "logprob_gap": gap, "loss": train["loss"],
-                             "grad_norm": train["grad_norm"], "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
+            run.log_metrics({"iteration": it, **reward, "logprob_gap": train["behaviour_gap"], **probe,
+                             "loss": train["loss"], "grad_norm": train["grad_norm"],
+                             "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
                              **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), **tis_metrics(batch),
                              "samples": len(samples), **rendering.metrics(), **evaluation, **moved})
-            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  loss {train['loss']:+.4f}  gap {gap:.2e}")
-            check_logprob_gap(it, gap, r.logprob_gap_bound(cfg.model.dtype))
+            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  loss {train['loss']:+.4f}  "
+                        f"gap {train['behaviour_gap']:.2e}")
+            if probe:
+                check_logprob_gap(it, probe["probe_gap"], gap_bound)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")

@@ -51,15 +51,26 @@ class RolloutConfig(EngineConfig):
     max_prompt_tokens: int | None = Field(None, gt=0)
     overlong_prompts: Literal["skip", "truncate"] = "skip"
     sync_mode: Literal["restart", "reload"] = "reload"
-    # Bound on the probe's mean |engine - trainer| log-prob after every sync; None: the default for the
-    # run's model.dtype (DEFAULT_LOGPROB_GAP)
+    # Bound on the mean |engine - trainer| log-prob of sampled tokens on the same weights, checked every
+    # iteration on the first mini-batch the trainer trains on (before its update) and on the probe batch
+    # when it runs; None: the default for the run's model.dtype (DEFAULT_LOGPROB_GAP)
     max_logprob_gap: float | None = Field(None, gt=0)
+    # The probe: after every probe_every-th sync each engine samples the fixed probe prompts and the trainer
+    # rescores them. None: after every sync with several engines (the first mini-batch need not hold samples
+    # of each), never with one (the every-iteration check covers it); 0: never.
+    probe_every: int | None = Field(None, ge=0)
     probe_prompts: int = Field(8, gt=0)
     # The engines' log-probs differ from the trainer's on the same weights (bfloat16, other kernels). `tis`:
     # the trainer recomputes pi_old and weighs each token's policy gradient by min(pi_old / pi_rollout,
     # tis_cap) (truncated importance sampling, Yao et al. 2025); `none`: the engines' log-probs are pi_old.
     mismatch_correction: Literal["none", "tis"] = "none"
     tis_cap: float = Field(2.0, ge=1)
+
+    @property
+    def probe_interval(self) -> int:
+        if self.probe_every is not None:
+            return self.probe_every
+        return 1 if self.engines > 1 else 0
 
     def logprob_gap_bound(self, dtype: str) -> float:
         if self.max_logprob_gap is not None:

@@ -159,3 +159,29 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, tiny_dense_
         assert (a - b).abs().max().item() <= 1e-5
         assert (a - c).abs().max().item() <= 1e-5
     assert max(abs(x - y) for p, q in zip(out[2][2], out[1][2]) for x, y in zip(p, q)) <= 1e-5
+
+
+def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, tiny_dense_dir):
+    """train_step's `behaviour_gap` (the every-iteration log-prob check) compares the trainer's log-probs of the
+    first mini-batch, on the weights it had before the step, with the batch's: a stage that is not the last
+    (pp2) reports nothing of its own, later mini-batches do not count, and the trainer's own log-probs give ~0."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    base = _sft_batch(tiny_dense_dir).sequences
+    dist = TokenDistribution(temperature=0.7)
+    half = len(base) // 2
+
+    def batch(own: list[list[float]], first: float, rest: float) -> TrainBatch:
+        return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, [x + (first if i < half else rest)
+                                                                          for x in lp], reward=float(i % 2), group=i // 4)
+                           for i, (s, lp) in enumerate(zip(base, own))], dist)
+
+    group = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=4))
+    try:
+        plain = TrainBatch(base, dist)
+        shifted = group.train_step(batch(group.logprobs(plain), 0.05, 1.0), lr=1e-2, updates=2)
+        own = group.train_step(batch(group.logprobs(plain), 0.0, 0.0), lr=1e-2, updates=2)
+    finally:
+        group.shutdown()
+    assert shifted["behaviour_gap"] == pytest.approx(0.05, abs=1e-5)
+    assert own["behaviour_gap"] <= 1e-6

@@ -193,3 +193,15 @@ def test_prompt_limits_are_validated():
         parse_config({**_base(), "rollout": {"max_prompt_tokens": 8, "overlong_prompts": "drop"}})
     with pytest.raises(ConfigError, match="rollout.max_prompt_tokens"):
         parse_config({**_base(), "rollout": {"max_prompt_tokens": 0}})
+
+
+def test_probe_runs_by_default_only_where_the_first_mini_batch_may_miss_an_engine():
+    from orchestrator.logprob_check import probe_due
+    from rollout.config import RolloutConfig
+
+    assert RolloutConfig(engines=1).probe_interval == 0  # every sample comes from the one engine
+    assert RolloutConfig(engines=2).probe_interval == 1
+    assert RolloutConfig(engines=2, probe_every=0).probe_interval == 0
+    assert RolloutConfig(engines=1, probe_every=5).probe_interval == 5
+    assert [it for it in range(1, 12) if probe_due(5, it)] == [5, 10]
+    assert not any(probe_due(0, it) for it in range(1, 12))

@@ -134,6 +134,16 @@ def enable_cpu_compat() -> None:
     clip = _clip_grad_by_total_norm_cpu
     for mod in (clip_grads, optimizer):  # optimizer.py imported the name: patch both bindings
         _patch(mod, "clip_grad_by_total_norm_fp32", clip, "asserts torch.cuda.FloatTensor, uses multi_tensor_applier")
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils as tutils
+
+    def causal_mask(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
+    for mod in (tutils, fused_softmax):  # fused_softmax imported the name: patch both bindings
+        _patch(mod, "get_default_causal_mask", causal_mask,
+               "the attention softmax's causal mask is built with a literal device='cuda' on every forward, the "
+               "one such call on the model's forward path (which runs outside the TorchFunctionMode)")
     import torch.distributed as tdist
 
     _patch(tdist, "all_to_all_single", _all_to_all_single_with_list_splits(tdist.all_to_all_single),

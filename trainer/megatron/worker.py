@@ -156,33 +156,30 @@ class MegatronWorker:
         return list(range(len(seqs)))[r::dp]
 
     def _micro_batches(self, seqs: list[TrainSequence], idx: list[int], adv: torch.Tensor | None, seq_len: int):
+        """Padded [b, seq_len] tensors per micro-batch; position t predicts token t + 1, so a completion's
+        per-token fields (mask, log-probs) sit at the positions from len(prompt) - 1 on."""
+        def rows(chosen: list[int], field) -> list[list]:
+            out = []
+            for i in chosen:
+                s = seqs[i]
+                p, c = len(s.prompt_ids), len(s.completion_ids)
+                values = field(s) or [0.0] * c
+                out.append([0.0] * (p - 1) + list(values) + [0.0] * (seq_len - p + 1 - c))
+            return out
+
         mbs = []
         step = self.spec.trainer.micro_batch_size
         for start in range(0, len(idx), step):
             chosen = idx[start:start + step]
-            b = len(chosen)
-            tokens = torch.zeros(b, seq_len, dtype=torch.long)
-            labels = torch.zeros(b, seq_len, dtype=torch.long)
-            mask = torch.zeros(b, seq_len)
-            old = torch.zeros(b, seq_len)
-            ref = torch.zeros(b, seq_len)
-            behaviour = torch.zeros(b, seq_len)
-            for row, i in enumerate(chosen):
-                s = seqs[i]
-                full = s.prompt_ids + s.completion_ids
-                n = len(full) - 1
-                tokens[row, :n] = torch.tensor(full[:-1])
-                labels[row, :n] = torch.tensor(full[1:])
-                p, c = len(s.prompt_ids), len(s.completion_ids)
-                mask[row, p - 1:p - 1 + c] = 1.0
-                if s.old_logprobs:
-                    old[row, p - 1:p - 1 + c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-                if s.ref_logprobs:
-                    ref[row, p - 1:p - 1 + c] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
-                if s.rollout_logprobs:
-                    behaviour[row, p - 1:p - 1 + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+            full = [seqs[i].prompt_ids + seqs[i].completion_ids for i in chosen]
+            tokens = torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
+            labels = torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
+            mask = torch.tensor(rows(chosen, lambda s: [1.0] * len(s.completion_ids)), dtype=torch.float32)
+            old = torch.tensor(rows(chosen, lambda s: s.old_logprobs), dtype=torch.float32)
+            ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
+            behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, position_ids=torch.arange(seq_len).unsqueeze(0).expand(b, -1),
+                            rollout=behaviour, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
                             adv=None if adv is None else adv[chosen]))
         return mbs
 
@@ -207,12 +204,16 @@ class MegatronWorker:
              model=None) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from trainer.megatron.compat import native_torch
+
         device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
             labels = mb["labels"].to(device) if with_labels else None
-            out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None, labels=labels)
+            with native_torch():  # the model's forward names no device of its own
+                out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
+                            labels=labels)
             return out, partial(loss_fn, mb)
 
         return get_forward_backward_func()(
@@ -250,16 +251,21 @@ class MegatronWorker:
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
         order = list(range(len(seqs))) if shuffle_seed is None else \
             torch.randperm(len(seqs), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
-        stats, grad_norms = torch.zeros(4), []
-        for lo, hi in zip(bounds, bounds[1:]):
+        stats, grad_norms, gap = torch.zeros(5), [], float("nan")
+        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             chunk = order[lo:hi]
             step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist, batch.tis_cap)
+            if k == 0:
+                gap = float(step_stats[4]) / max(sum(len(seqs[i].completion_ids) for i in chunk), 1)
             stats += step_stats
             grad_norms.append(grad_norm)
         total_tokens = float(sum(len(s.completion_ids) for s in seqs))
         return {"loss": float(stats[0]) / updates, "logp_mean": float(stats[1]) / total_tokens,
                 "sq_log_ratio": float(stats[2]) / total_tokens, "kl_ref": float(stats[3]) / total_tokens,
                 "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(total_tokens),
+                # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
+                # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
+                "behaviour_gap": gap if mode == "rl" else float("nan"),
                 "reporting": self._reporting_rank()}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
@@ -276,7 +282,7 @@ class MegatronWorker:
             logp = self._token_logprobs(output, mb, dist)
             mask = mb["mask"].to(logp.device)
             old = mb["old"].to(logp.device)
-            sq = kl = logp.new_zeros(())
+            sq = kl = gap = logp.new_zeros(())
             if mode == "sft":
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
             else:
@@ -285,10 +291,12 @@ class MegatronWorker:
                 loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens, ref,
                                    is_weight=w)
                 sq = (((logp - old) ** 2) * mask).sum()
+                behaviour = old if tis_cap is None else mb["rollout"].to(logp.device)  # the engines' log-probs
+                gap = ((logp.detach() - behaviour).abs() * mask).sum()
                 if ref is not None:
                     ref = masked_reference(logp, ref, mask)
                     kl = (kl_estimate(logp.detach(), ref, self.loss_spec.kl_estimator) * mask).sum()
-            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl])
+            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap])
             return loss * scale, {"stats": stats}
 
         self.model.zero_grad_buffer()
@@ -297,7 +305,7 @@ class MegatronWorker:
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step skipped (non-finite gradients)")
-        stats = torch.zeros(4)
+        stats = torch.zeros(5)
         for d in out:
             stats += d["stats"].cpu()
         return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0)
