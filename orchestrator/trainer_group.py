@@ -1,6 +1,8 @@
 """The trainer ranks as Ray actors, driven together (every call goes to all ranks: they share collectives)."""
 from __future__ import annotations
 
+import gc
+import os
 import socket
 from typing import Any
 
@@ -24,6 +26,8 @@ class _Rank:
         from trainer.megatron.worker import MegatronWorker
 
         self.worker = MegatronWorker(spec, rank, world, addr, port)
+        gc.collect()
+        gc.freeze()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
         return True
 
     def call(self, method: str, *args, **kwargs) -> Any:
@@ -40,7 +44,10 @@ class TrainerGroup:
         env = writer_process_env()
         device = spec.trainer.device
         if device == "cpu":
-            env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            # The phases take turns (the engines idle while the trainer steps): the ranks share this node's
+            # cores.
+            threads = str(max(1, len(os.sched_getaffinity(0)) // self.world))
+            env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
         actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
         self.ranks = [actor.remote() for _ in range(self.world)]
