@@ -7,8 +7,9 @@ is the trainer writing into the weight-sync's staging directory, a sync is the w
 engines' nodes and the engines loading it."""
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -81,6 +82,18 @@ class Session:
             with startup("startup/ray"):
                 stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
+
+            def launch_engines(dirs: list[str]) -> RolloutGroup:
+                group = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
+                                     deterministic=cfg.deterministic, stop=cfg.rollout.stop,
+                                     stop_token_ids=task.renderer.end_of_turn_ids())
+                stack.callback(group.shutdown)
+                return group
+
+            # With in-place reloads the engines start on the base model while the trainer starts (and warms
+            # up or restores), and then load its weights like any iteration's; a restart-mode run starts them
+            # on the trainer's weights instead (a reload there would be a second start).
+            early = launch_engines([model_dir] * cfg.rollout.engines) if cfg.rollout.sync_mode == "reload" else None
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype))
@@ -89,13 +102,14 @@ class Session:
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace)
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
-            session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions)
-            session._start_engines(model_dir, resume, startup)
-            stack.callback(session.rollout.shutdown)
+            session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early)
+            session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
             run.set_status(engine_pids=session.rollout.engine_pids())
             session._teardown = stack.pop_all()
+            gc.collect()
+            gc.freeze()  # the driver's start-up heap: kept out of the full collections between iterations
             return session
 
     @property
@@ -103,9 +117,11 @@ class Session:
         """What the engines sample from and the trainer recomputes."""
         return behaviour_distribution(self.cfg.rollout)
 
-    def _start_engines(self, model_dir: str, resume: bool, startup: "_StartupClock") -> None:
-        """Restore or warm-start the trainer, then start the engines on exactly its current weights: the base
-        model, or a publish of the warmed-up model or of the checkpoint a resume starts from."""
+    def _start_engines(self, model_dir: str, resume: bool, startup: "_StartupClock",
+                       launch: Callable[[list[str]], RolloutGroup]) -> None:
+        """Restore or warm-start the trainer, then bring the engines onto exactly its current weights: the
+        base model, or a publish of the warmed-up model or of the checkpoint a resume starts from. Engines
+        already launched (on the base model) wait here and load that publish in place."""
         cfg, run = self.cfg, self.run
         restored = restore_checkpoint(run, self.trainer) if resume else None
         if restored is not None:
@@ -117,13 +133,19 @@ class Session:
                 with run.phase(0, "warmup"):
                     losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed)
                 console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-        dirs = [model_dir] * cfg.rollout.engines
-        if restored is not None or cfg.trainer.warmup_sft_steps > 0:
-            dirs = self.weights.engine_dirs(self.publish(self.start_iteration))
-        with startup("startup/engines"):
-            self.rollout = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
-                                        deterministic=cfg.deterministic, stop=cfg.rollout.stop,
-                                        stop_token_ids=self.task.renderer.end_of_turn_ids())
+        moved = restored is not None or cfg.trainer.warmup_sft_steps > 0
+        if self.rollout is None:
+            dirs = self.weights.engine_dirs(self.publish(self.start_iteration)) if moved else \
+                [model_dir] * cfg.rollout.engines
+            with startup("startup/engines"):
+                self.rollout = launch(dirs)
+                self.rollout.wait_started()
+            return
+        with startup("startup/engines"):  # what is left of their start once the trainer is ready
+            self.rollout.wait_started()
+        if moved:
+            with startup("startup/engine_sync"):
+                self.sync(self.publish(self.start_iteration), first=True)
 
     def publish(self, iteration: int) -> Manifest:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""
@@ -133,11 +155,12 @@ class Session:
         self.weights.publish(manifest)
         return manifest
 
-    def sync(self, manifest: Manifest) -> Delivery:
+    def sync(self, manifest: Manifest, first: bool = False) -> Delivery:
         """Bring every engine onto `manifest` (each loads the copy on its own node), then collect old
-        iterations."""
+        iterations. `first`: the engines serve the base checkpoint, which may be stored otherwise (dtype,
+        tensor names) than the trainer publishes; an engine then restarts on the publish instead."""
         delivery = self.weights.pull(manifest)
-        self.rollout.sync(delivery.manifests, self.cfg.rollout.sync_mode)
+        self.rollout.sync(delivery.manifests, self.cfg.rollout.sync_mode, restart_if_layout_differs=first)
         self.weights.gc(manifest.iteration)
         self.run.set_status(engine_pids=self.rollout.engine_pids())
         return delivery
@@ -146,6 +169,7 @@ class Session:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
         and remove the run's shared memory."""
         self._teardown.close()
+        gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
 
 
 class _StartupClock:

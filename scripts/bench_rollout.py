@@ -7,11 +7,11 @@ Sides, on the same model (a Qwen2-architecture decoder of about 100M parameters,
 about 25M), prompts, sampling (temperature 1, no truncation, k samples per prompt, EOS or max_new_tokens) and
 seeds, all alive at once and sampled round robin (one run, alternating):
 - `tide`: what a rollout phase does -- the RolloutEngine as a Ray actor (orchestrator.rollout_group), one
-  seeded request per sample, the sampled tokens' log-probs, Samples back to the driver;
+  seeded request with k samples per prompt, the sampled tokens' log-probs, Samples back to the driver;
 - `vllm-direct`: vLLM's `LLM.generate` in this process with tide's engine arguments and requests (tide's
   overhead = the gap to this);
 - vLLM variants that keep the contract (per-token log-probs of the sampled distribution, seeded samples):
-  `vllm-n-per-request` (one request with n=k samples per prompt instead of k requests) and `vllm-compiled`
+  `vllm-request-per-sample` (k seeded requests per prompt, tide's former default) and `vllm-compiled`
   (torch.compile instead of eager mode; its start-up cost is reported beside it);
 - `hf-generate`: transformers' `generate` on the whole batch, with the sampled tokens' log-probs.
 Tokens are counted as generated (up to and including EOS). No roofline is printed: a bound computed from
@@ -99,7 +99,7 @@ def main() -> None:
 
     from orchestrator.rollout_group import RolloutGroup
     from rollout.config import EngineConfig
-    from rollout.engine import configure_env, generate_requests, llm_kwargs, sample_seed
+    from rollout.engine import configure_env, generate_requests, llm_kwargs, prompt_seed
     from rollout.tasks import AdditionTask
     from trainer.batch import TokenDistribution
 
@@ -119,13 +119,15 @@ def main() -> None:
         starts = {}
         t0 = time.perf_counter()
         group = RolloutGroup([str(model_dir)], cfg, dtype="float32", seed=0, deterministic=False)
+        group.wait_started()
         starts["tide"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         direct = LLM(str(model_dir), **llm_kwargs(cfg, "float32", 0, False))
         starts["vllm-direct"] = time.perf_counter() - t0
+        compiled_cfg = cfg.model_copy(update={"enforce_eager": False})
+        configure_env(compiled_cfg)  # the environment its processes inherit
         t0 = time.perf_counter()
-        compiled = LLM(str(model_dir), **llm_kwargs(cfg.model_copy(update={"enforce_eager": False}), "float32", 0,
-                                                    False))
+        compiled = LLM(str(model_dir), **llm_kwargs(compiled_cfg, "float32", 0, False))
         starts["vllm-compiled"] = time.perf_counter() - t0
         hf = HFGenerate(model_dir)
         seeds = iter(range(10_000))
@@ -143,11 +145,13 @@ def main() -> None:
                 return _produced(got[0]) / s
             return rate
 
-        def vllm_n_per_request() -> float:
+        def vllm_request_per_sample() -> float:
             seed = next(seeds)
-            reqs = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt for p in problems]
-            params = [SamplingParams(n=n_samples, max_tokens=max_new, temperature=1.0, seed=sample_seed(seed, i, 0),
-                                     logprobs=0, detokenize=False) for i in range(len(problems))]
+            reqs = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
+                    for p in problems for _ in range(n_samples)]
+            params = [SamplingParams(n=1, max_tokens=max_new, temperature=1.0, seed=prompt_seed(seed, i) + j,
+                                     logprobs=0, detokenize=False)
+                      for i in range(len(problems)) for j in range(n_samples)]
             got = []
             s = timed(lambda: got.append(direct.generate(reqs, params, use_tqdm=False)))
             return _produced(got[0]) / s
@@ -157,7 +161,7 @@ def main() -> None:
             s = timed(lambda: got.append(hf(prompts, n_samples, max_new, next(seeds))))
             return got[0] / s
 
-        sides = {"tide": tide, "vllm-direct": vllm_on(direct), "vllm-n-per-request": vllm_n_per_request,
+        sides = {"tide": tide, "vllm-direct": vllm_on(direct), "vllm-request-per-sample": vllm_request_per_sample,
                  "vllm-compiled": vllm_on(compiled), "hf-generate": hf_generate}
         for fn in sides.values():  # warm-up
             fn()
@@ -172,9 +176,9 @@ def main() -> None:
         direct_row = report.add("tide_vs_vllm_direct", "tide rollout path (Ray actor, RolloutEngine)",
                                 "vLLM LLM.generate in-process, tide's engine arguments and requests", unit,
                                 samples["tide"], samples["vllm-direct"], **extra)
-        best_name = max(("vllm-direct", "vllm-n-per-request", "vllm-compiled"),
+        best_name = max(("vllm-direct", "vllm-request-per-sample", "vllm-compiled"),
                         key=lambda k: statistics.median(samples[k]))
-        for name, what in (("vllm-n-per-request", "one request with n samples per prompt"),
+        for name, what in (("vllm-request-per-sample", "one seeded request per sample"),
                            ("vllm-compiled", "enforce_eager=False (torch.compile)")):
             report.add(f"{name}_vs_vllm_direct", f"vLLM direct, {what}", "vLLM direct, tide's settings", unit,
                        samples[name], samples["vllm-direct"], **extra)
