@@ -61,7 +61,11 @@ def run_tide(cfg: dict, work: Path) -> list[float]:
     return [m["reward_mean"] for m in sorted(metrics, key=lambda m: m["iteration"])]
 
 
-def run_trl(cfg: dict, work: Path) -> list[float]:
+def run_trl(cfg: dict, work: Path, clock: list[float] | None = None) -> list[float]:
+    """TRL's GRPOTrainer on the job; returns the mean reward of every generation (one per iteration).
+    `clock`, when given, receives time.time() when training starts and when each generation is scored."""
+    import time
+
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,6 +93,8 @@ def run_trl(cfg: dict, work: Path) -> list[float]:
     def reward(prompts, completions, answer, **_):
         scores = task.score([_Answer(a) for a in answer], completions)
         rewards_per_call.append(sum(scores) / len(scores))
+        if clock is not None:
+            clock.append(time.time())
         return scores
 
     updates = t["updates_per_iteration"]
@@ -101,8 +107,11 @@ def run_trl(cfg: dict, work: Path) -> list[float]:
         beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group", shuffle_dataset=False,
         lr_scheduler_type=t["lr_schedule"]["decay"], warmup_steps=0,
     )
-    GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                processing_class=tokenizer).train()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer)
+    if clock is not None:
+        clock.append(time.time())
+    trainer.train()
     return rewards_per_call
 
 

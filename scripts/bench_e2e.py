@@ -1,0 +1,235 @@
+"""End to end against what a user would pick instead: TRL's GRPOTrainer and tide, each run the way its users run
+it (a fresh process: `tide run config.yaml`; a Python script calling `GRPOTrainer.train()`), on the quickstart
+job.
+
+The job, the same on both sides (scripts/bench_sample_efficiency.py builds both): the quickstart's tiny model
+and supervised warm start, the same prompts in the same order (64 per iteration, 8 samples each, 4 new tokens
+at temperature 1), 4 optimizer steps per iteration (TRL: per_device_train_batch_size=128,
+steps_per_generation=4), lr 1e-3 constant, no KL, token-level loss (TRL `loss_type="dapo"`, tide `grpo` +
+`token_mean`), group-std advantages, gradient clipping 1.0, fp32 on CPU, fixed seeds; TRL otherwise at its
+defaults (it generates with transformers on CPU).
+
+Figures, per side and seed, from the moment the process is spawned:
+- whole-process wall time (spawn to exit: imports, start-up, warm start, RL, saving);
+- RL-iteration time: median time between consecutive iterations' rewards;
+- wall time until the 5-iteration moving average of reward first reaches 0.4 and 0.5, counted from the start
+  of RL (TRL: `train()` called; tide: the first rollout starts) -- the goal -- and from the spawn (reported).
+  A run that never reaches it counts as infinite on either side.
+
+A ~100M-parameter variant of the same job (hidden 768, 12 layers; 16 prompts x 8 samples per iteration to keep
+it to minutes; a 2-step warm start, since only the iteration time is compared) measures the RL-iteration time.
+
+Goals (issue 16): TRL time / tide time to a moving average of 0.5 >= 1.0 on the quickstart job; TRL / tide
+RL-iteration time >= 2.0 at ~100M.
+
+    python scripts/bench_e2e.py            # seeds 1 2 3 (70 iterations) and the ~100M variant (2 seeds)
+    python scripts/bench_e2e.py --quick    # seed 1, 30 iterations, no ~100M variant (about 2 minutes)
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import ROOT, Report, bench_arguments, ratio_of  # noqa: E402
+from bench_sample_efficiency import WINDOW, iterations_to_target, job_config, run_trl  # noqa: E402
+
+TARGETS = (0.4, 0.5)
+LARGE_MODEL = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 3072}
+
+
+@dataclass
+class Timeline:
+    """One run, in seconds since its process was spawned."""
+
+    process_s: float
+    rl_start: float
+    rewards: list[float]  # one per iteration
+    reward_times: list[float]  # when each iteration's rewards were known
+
+    def iteration_s(self) -> float:
+        steps = [b - a for a, b in zip(self.reward_times, self.reward_times[1:])]
+        return statistics.median(steps)
+
+    def time_to(self, target: float, from_spawn: bool = False) -> float:
+        k = iterations_to_target(self.rewards, target, WINDOW)
+        if math.isinf(k):
+            return math.inf
+        return self.reward_times[int(k) - 1] - (0.0 if from_spawn else self.rl_start)
+
+
+def large_job(seed: int, iterations: int) -> dict:
+    cfg = job_config(seed, iterations, "constant")
+    cfg["name"] = f"e2e_large_{seed}"
+    cfg["model"]["tiny"] = dict(LARGE_MODEL)
+    cfg["trainer"].update(warmup_sft_steps=2)
+    cfg["rollout"].update(prompts_per_iteration=16, kv_cache_gb=2.0)
+    return cfg
+
+
+def run_tide(cfg: dict, work: Path) -> Timeline:
+    work.mkdir(parents=True, exist_ok=True)
+    path, run_dir = work / f"tide_{cfg['name']}.yaml", work / f"tide_{cfg['name']}"
+    path.write_text(yaml.safe_dump(cfg))
+    spawned = time.time()
+    subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(run_dir)],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process_s = time.time() - spawned
+    metrics = sorted((json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
+                     key=lambda m: m["iteration"])
+    phases = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
+    scored = {p["iteration"]: p["start"] + p["seconds"] for p in phases if p["phase"] == "reward"}
+    rl_start = min(p["start"] for p in phases if p["phase"] == "rollout" and p["iteration"] == 1)
+    return Timeline(process_s, rl_start - spawned, [m["reward_mean"] for m in metrics],
+                    [scored[m["iteration"]] - spawned for m in metrics])
+
+
+def run_trl_process(cfg: dict, work: Path) -> Timeline:
+    work.mkdir(parents=True, exist_ok=True)
+    job, out = work / f"trl_{cfg['name']}.json", work / f"trl_{cfg['name']}.out.json"
+    job.write_text(json.dumps(cfg))
+    spawned = time.time()
+    subprocess.run([sys.executable, __file__, "--trl-worker", str(job), str(out)], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process_s = time.time() - spawned
+    got = json.loads(out.read_text())
+    clock = got["clock"]
+    return Timeline(process_s, clock[0] - spawned, got["rewards"], [t - spawned for t in clock[1:]])
+
+
+def trl_worker(job: Path, out: Path) -> None:
+    """The TRL side as a user runs it: this process imports TRL, warms up, trains, exits."""
+    cfg = json.loads(job.read_text())
+    clock: list[float] = []
+    rewards = run_trl(cfg, job.parent / f"trl_{cfg['name']}", clock)
+    out.write_text(json.dumps({"rewards": rewards, "clock": clock}))
+
+
+def vllm_generate_floor(cfg: dict, repeats: int) -> list[float]:
+    """Seconds vLLM's `LLM.generate`, called directly in this process with tide's engine arguments, takes for
+    one iteration's requests of the job (and nothing else an iteration does): a floor under tide's RL-iteration
+    time while vLLM generates its samples."""
+    from vllm import LLM
+
+    from orchestrator.model_source import resolve_model_dir
+    from rollout.config import RolloutConfig, TaskConfig
+    from rollout.engine import configure_env, generate_requests, llm_kwargs
+    from rollout.tasks import make_task
+    from trainer.tiny_model import TinyModelConfig
+
+    seed, r = cfg["seed"], RolloutConfig(**cfg["rollout"])
+    task = make_task(TaskConfig(**cfg["task"]))
+    model_dir = resolve_model_dir(None, TinyModelConfig(**cfg["model"]["tiny"]), task, seed)
+    configure_env(r)
+    llm = LLM(model_dir, **llm_kwargs(r, cfg["model"].get("dtype", "float32"), seed, cfg["deterministic"]))
+    times = []
+    for it in range(repeats + 1):  # the first call warms up
+        problems = task.problems(seed, it + 1, r.prompts_per_iteration)
+        prompts, params = generate_requests(problems, r.n_samples, r.max_new_tokens, r.temperature, seed + it)
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - t0)
+    llm.llm_engine.engine_core.shutdown()
+    return times[1:]
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--trl-worker":
+        trl_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    ap = bench_arguments(__doc__)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None)
+    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--large-seeds", type=int, nargs="*", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    seeds = args.seeds or ([1] if args.quick else [1, 2, 3])
+    iterations = args.iterations or (30 if args.quick else 70)
+    large_seeds = args.large_seeds if args.large_seeds is not None else ([] if args.quick else [1, 2])
+    report = Report("e2e", args.quick, out=args.out)
+    runs: dict[str, dict[int, Timeline]] = {"tide": {}, "trl": {}}
+    large: dict[str, dict[int, Timeline]] = {"tide": {}, "trl": {}}
+    with tempfile.TemporaryDirectory(prefix="tide-e2e-") as tmp:
+        for seed in seeds:  # A B A B: tide then TRL, seed by seed
+            cfg = job_config(seed, iterations, "constant")
+            cfg["name"] = f"e2e_{seed}"
+            runs["tide"][seed] = run_tide(cfg, Path(tmp))
+            runs["trl"][seed] = run_trl_process(cfg, Path(tmp))
+            print(f"seed {seed}: " + ", ".join(
+                f"{side} {t.process_s:.1f} s whole, {t.iteration_s():.3f} s/iteration, MA 0.5 after "
+                f"{t.time_to(0.5):.1f} s of RL" for side, t in ((s, runs[s][seed]) for s in runs)), flush=True)
+        for seed in large_seeds:
+            cfg = large_job(seed, 4)
+            large["tide"][seed] = run_tide(cfg, Path(tmp) / "large")
+            large["trl"][seed] = run_trl_process(cfg, Path(tmp) / "large")
+            print(f"~100M, seed {seed}: tide {large['tide'][seed].iteration_s():.2f} s/iteration, "
+                  f"TRL {large['trl'][seed].iteration_s():.2f}", flush=True)
+
+    floor = vllm_generate_floor(job_config(seeds[0], iterations, "constant"), 5 if args.quick else 10)
+
+    def column(side: str, figure, source=runs) -> list[float]:
+        return [figure(source[side][s]) for s in sorted(source[side])]
+
+    job = {"seeds": seeds, "iterations": iterations}
+    report.add("whole process", "tide", "trl GRPOTrainer", "seconds, spawn to exit",
+               column("tide", lambda t: t.process_s), column("trl", lambda t: t.process_s),
+               higher_is_better=False, **job)
+    report.add("RL iteration", "tide", "trl GRPOTrainer", "seconds between consecutive iterations' rewards",
+               column("tide", Timeline.iteration_s), column("trl", Timeline.iteration_s),
+               higher_is_better=False, **job)
+    goal_row = None
+    for target in TARGETS:
+        row = report.add(f"time to moving-average reward {target}", "tide", "trl GRPOTrainer",
+                         f"seconds from the start of RL until the {WINDOW}-iteration mean reward first reaches "
+                         f"{target} (inf: not within the run)",
+                         column("tide", lambda t: t.time_to(target)), column("trl", lambda t: t.time_to(target)),
+                         higher_is_better=False, **job)
+        report.add(f"time to moving-average reward {target}, from spawn", "tide", "trl GRPOTrainer",
+                   "seconds from the process's spawn (start-up and warm start included)",
+                   column("tide", lambda t: t.time_to(target, True)),
+                   column("trl", lambda t: t.time_to(target, True)), higher_is_better=False, **job)
+        report.add(f"iterations to moving-average reward {target}", "tide", "trl GRPOTrainer", "iterations",
+                   [iterations_to_target(runs["tide"][s].rewards, target) for s in seeds],
+                   [iterations_to_target(runs["trl"][s].rewards, target) for s in seeds],
+                   higher_is_better=False, **job)
+        if target == 0.5:
+            goal_row = row
+    # a run that never gets there meets no goal, even beside a baseline that does not either
+    reached = not math.isinf(goal_row["contender_median"])
+    report.goal("quickstart job: time from the start of RL to moving-average reward 0.5 (TRL / tide)",
+                ratio_of(goal_row["baseline_median"], goal_row["contender_median"]) if reached else 0.0, 1.0)
+    if large_seeds:
+        row = report.add("RL iteration, ~100M variant", "tide", "trl GRPOTrainer",
+                         "seconds between consecutive iterations' rewards",
+                         column("tide", Timeline.iteration_s, large), column("trl", Timeline.iteration_s, large),
+                         higher_is_better=False, seeds=large_seeds, model=LARGE_MODEL, prompts_per_iteration=16)
+        report.goal("~100M variant: RL-iteration time (TRL / tide)", ratio_of(1.0, row["ratio"]), 2.0)
+    tide_iteration = statistics.median(column("tide", Timeline.iteration_s))
+    trl_iteration = statistics.median(column("trl", Timeline.iteration_s))
+    tide_its = statistics.median(iterations_to_target(runs["tide"][s].rewards, 0.5) for s in seeds)
+    report.note("floor", {
+        "what": "vLLM LLM.generate of one iteration's requests (64 prompts x 8 samples x 4 tokens), called "
+                "directly with tide's engine arguments: under tide's RL-iteration time while vLLM generates",
+        "samples_s": floor, "median_s": statistics.median(floor), "tide_iteration_median_s": tide_iteration,
+        "trl_iteration_median_s": trl_iteration,
+        "floor_over_trl_iteration": statistics.median(floor) / trl_iteration,
+        "tide_time_to_0.5_at_the_floor_s": statistics.median(floor) * tide_its,
+        "trl_time_to_0.5_s": goal_row["baseline_median"],
+    })
+    report.note("timelines", {name: {side: {s: vars(t) for s, t in per.items()} for side, per in source.items()}
+                              for name, source in (("quickstart", runs), ("large", large))})
+    report.note("job", job_config(seeds[0], iterations, "constant"))
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
