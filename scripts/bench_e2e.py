@@ -27,6 +27,7 @@ RL-iteration time >= 2.0 at ~100M.
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import statistics
@@ -55,6 +56,7 @@ class Timeline:
     rl_start: float
     rewards: list[float]  # one per iteration
     reward_times: list[float]  # when each iteration's rewards were known
+    phase_medians: dict[str, float] | None = None  # tide: median seconds of each phase over the iterations
 
     def iteration_s(self) -> float:
         steps = [b - a for a, b in zip(self.reward_times, self.reward_times[1:])]
@@ -89,8 +91,13 @@ def run_tide(cfg: dict, work: Path) -> Timeline:
     phases = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
     scored = {p["iteration"]: p["start"] + p["seconds"] for p in phases if p["phase"] == "reward"}
     rl_start = min(p["start"] for p in phases if p["phase"] == "rollout" and p["iteration"] == 1)
+    per_phase: dict[str, list[float]] = {}
+    for p in phases:
+        if p["iteration"] >= 1:
+            per_phase.setdefault(p["phase"], []).append(p["seconds"])
     return Timeline(process_s, rl_start - spawned, [m["reward_mean"] for m in metrics],
-                    [scored[m["iteration"]] - spawned for m in metrics])
+                    [scored[m["iteration"]] - spawned for m in metrics],
+                    {name: statistics.median(v) for name, v in per_phase.items()})
 
 
 def run_trl_process(cfg: dict, work: Path) -> Timeline:
@@ -126,15 +133,24 @@ def vllm_generate_floor(cfg: dict, repeats: int) -> list[float]:
     from rollout.tasks import make_task
     from trainer.tiny_model import TinyModelConfig
 
+    from transformers import AutoTokenizer
+
+    from orchestrator.prompts import PromptRenderer, RenderedTask
+
     seed, r = cfg["seed"], RolloutConfig(**cfg["rollout"])
     task = make_task(TaskConfig(**cfg["task"]))
     model_dir = resolve_model_dir(None, TinyModelConfig(**cfg["model"]["tiny"]), task, seed)
+    renderer = PromptRenderer(AutoTokenizer.from_pretrained(model_dir), cfg["model"].get("chat_template", "auto"))
+    task = RenderedTask(task, renderer)  # the token ids tide's engines get
     configure_env(r)
     llm = LLM(model_dir, **llm_kwargs(r, cfg["model"].get("dtype", "float32"), seed, cfg["deterministic"]))
+    gc.collect()
+    gc.freeze()  # as tide's engine actor does after start-up
     times = []
     for it in range(repeats + 1):  # the first call warms up
-        problems = task.problems(seed, it + 1, r.prompts_per_iteration)
-        prompts, params = generate_requests(problems, r.n_samples, r.max_new_tokens, r.temperature, seed + it)
+        problems, _ = task.rendered_problems(seed, it + 1, r.prompts_per_iteration)
+        prompts, params = generate_requests(problems, r.n_samples, r.max_new_tokens, r.temperature, seed + it,
+                                            stop_token_ids=renderer.end_of_turn_ids())
         t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         times.append(time.perf_counter() - t0)
@@ -213,16 +229,29 @@ def main() -> None:
                          column("tide", Timeline.iteration_s, large), column("trl", Timeline.iteration_s, large),
                          higher_is_better=False, seeds=large_seeds, model=LARGE_MODEL, prompts_per_iteration=16)
         report.goal("~100M variant: RL-iteration time (TRL / tide)", ratio_of(1.0, row["ratio"]), 2.0)
+        train = [large["tide"][s].phase_medians["train"] for s in large_seeds]
+        report.note("large_floor", {
+            "what": "tide's train phase alone (forward and backward of the iteration's samples, 4 optimizer "
+                    "steps): under its RL-iteration time; a TRL / tide ratio of 2 needs TRL's iteration to take "
+                    "at least twice this",
+            "tide_train_phase_s": train, "tide_phase_medians": [large["tide"][s].phase_medians for s in large_seeds],
+            "trl_iteration_s": column("trl", Timeline.iteration_s, large),
+            "ratio_if_all_but_training_were_free": statistics.median(column("trl", Timeline.iteration_s, large))
+            / statistics.median(train),
+        })
     tide_iteration = statistics.median(column("tide", Timeline.iteration_s))
     trl_iteration = statistics.median(column("trl", Timeline.iteration_s))
     tide_its = statistics.median(iterations_to_target(runs["tide"][s].rewards, 0.5) for s in seeds)
+    rollout = statistics.median(runs["tide"][s].phase_medians["rollout"] for s in seeds)
     report.note("floor", {
-        "what": "vLLM LLM.generate of one iteration's requests (64 prompts x 8 samples x 4 tokens), called "
-                "directly with tide's engine arguments: under tide's RL-iteration time while vLLM generates",
-        "samples_s": floor, "median_s": statistics.median(floor), "tide_iteration_median_s": tide_iteration,
-        "trl_iteration_median_s": trl_iteration,
-        "floor_over_trl_iteration": statistics.median(floor) / trl_iteration,
-        "tide_time_to_0.5_at_the_floor_s": statistics.median(floor) * tide_its,
+        "what": "generation alone against TRL's whole iteration. vllm_direct: vLLM LLM.generate of one "
+                "iteration's requests (64 prompts x 8 samples x 4 tokens, tide's token ids), called directly "
+                "with tide's engine arguments; tide_rollout_phase: the rollout phase of the runs above. tide's "
+                "iterations run in lockstep, so each takes longer than its rollout phase",
+        "vllm_direct_samples_s": floor, "vllm_direct_median_s": statistics.median(floor),
+        "tide_rollout_phase_median_s": rollout, "tide_iteration_median_s": tide_iteration,
+        "trl_iteration_median_s": trl_iteration, "tide_rollout_over_trl_iteration": rollout / trl_iteration,
+        "tide_time_to_0.5_if_iterations_were_only_rollouts_s": rollout * tide_its,
         "trl_time_to_0.5_s": goal_row["baseline_median"],
     })
     report.note("timelines", {name: {side: {s: vars(t) for s, t in per.items()} for side, per in source.items()}
