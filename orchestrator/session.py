@@ -91,9 +91,11 @@ class Session:
                 return group
 
             # With in-place reloads the engines start on the base model while the trainer starts (and warms
-            # up or restores), and then load its weights like any iteration's; a restart-mode run starts them
-            # on the trainer's weights instead (a reload there would be a second start).
-            early = launch_engines([model_dir] * cfg.rollout.engines) if cfg.rollout.sync_mode == "reload" else None
+            # up or restores), and then load its weights like any iteration's. A restart-mode run starts them
+            # on the trainer's weights instead (a reload there would be a second start), and so does a run
+            # whose engines get the weights through the transfer engine (their nodes need not see model_dir).
+            overlap = cfg.rollout.sync_mode == "reload" and not cfg.transfer.enabled
+            early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype))
