@@ -38,11 +38,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, Report, bench_arguments, ratio_of  # noqa: E402
-from bench_sample_efficiency import WINDOW, iterations_to_target, job_config, run_trl  # noqa: E402
+from bench_sample_efficiency import (  # noqa: E402
+    WINDOW, iterations_to_target, job_config, run_metrics, run_trl, tide_run)
 
 TARGETS = (0.4, 0.5)
 LARGE_MODEL = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 3072}
@@ -79,15 +78,10 @@ def large_job(seed: int, iterations: int) -> dict:
 
 
 def run_tide(cfg: dict, work: Path) -> Timeline:
-    work.mkdir(parents=True, exist_ok=True)
-    path, run_dir = work / f"tide_{cfg['name']}.yaml", work / f"tide_{cfg['name']}"
-    path.write_text(yaml.safe_dump(cfg))
     spawned = time.time()
-    subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(run_dir)],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tide_run(cfg, work)
     process_s = time.time() - spawned
-    metrics = sorted((json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
-                     key=lambda m: m["iteration"])
+    metrics = run_metrics(run_dir)
     phases = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
     scored = {p["iteration"]: p["start"] + p["seconds"] for p in phases if p["phase"] == "reward"}
     rl_start = min(p["start"] for p in phases if p["phase"] == "rollout" and p["iteration"] == 1)

@@ -51,14 +51,24 @@ def job_config(seed: int, iterations: int, decay: str = "linear") -> dict:
     return cfg
 
 
-def run_tide(cfg: dict, work: Path) -> list[float]:
+def tide_run(cfg: dict, work: Path) -> Path:
+    """`tide run` of the job in a fresh process, as a user starts it; returns the run directory."""
     work.mkdir(parents=True, exist_ok=True)
     path, run_dir = work / f"{cfg['name']}.yaml", work / f"tide_{cfg['name']}"
     path.write_text(yaml.safe_dump(cfg))
     subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(run_dir)],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return run_dir
+
+
+def run_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of a run, in iteration order."""
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m["reward_mean"] for m in sorted(metrics, key=lambda m: m["iteration"])]
+    return sorted(metrics, key=lambda m: m["iteration"])
+
+
+def run_tide(cfg: dict, work: Path) -> list[float]:
+    return [m["reward_mean"] for m in run_metrics(tide_run(cfg, work))]
 
 
 def run_trl(cfg: dict, work: Path, clock: list[float] | None = None) -> list[float]:
