@@ -62,9 +62,8 @@ def generate_requests(problems: Sequence[Problem], n_samples: int, max_new_token
                       top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
                       stop_token_ids: Sequence[int] = ()) -> tuple[list, list]:
     """The vLLM prompts and SamplingParams of one generate call: one request per prompt for its `n_samples`
-    samples (vLLM fans it out; 16% less time per rollout than a request per sample on the quickstart job,
-    whose requests cost more than their tokens), seeded by prompt_seed, asking for the sampled tokens'
-    log-probs."""
+    samples (vLLM fans it out: fewer requests to build, send and schedule; scripts/bench_rollout.py compares
+    it with a request per sample), seeded by prompt_seed, asking for the sampled tokens' log-probs."""
     from vllm import SamplingParams, TokensPrompt
 
     params = [
