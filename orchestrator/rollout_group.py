@@ -1,15 +1,24 @@
-"""The rollout engines as Ray actors: prompts are split across engines, every engine syncs every iteration."""
+"""The rollout engines as Ray actors: prompts are split across engines, every engine syncs every iteration.
+
+An engine whose actor dies (an inline engine dies with its actor) is replaced by a new actor on the latest
+iteration that engine had loaded, and the call it was serving runs again there; at most
+`max_engine_restarts` times per call and engine."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from ckpt_transfer.manifest import Manifest
 from rollout.config import EngineConfig
 from rollout.samples import Samples
 from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
+
+log = logging.getLogger(__name__)
 
 
 class RolloutGroup:
@@ -21,10 +30,16 @@ class RolloutGroup:
         would wait as well), so that the caller can do other start-up work meanwhile."""
         from rollout.engine import RolloutEngine
 
-        self.timeout = cfg.engine_start_timeout_s
+        self.cfg, self.timeout = cfg, cfg.engine_start_timeout_s
         self.stop, self.stop_token_ids = tuple(stop), tuple(stop_token_ids)
-        actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine)
-        self.engines = [actor.remote(d, cfg, dtype=dtype, seed=seed, deterministic=deterministic) for d in model_dirs]
+        self._actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine)
+        self._engine_args = dict(dtype=dtype, seed=seed, deterministic=deterministic)
+        self._model_dirs = list(model_dirs)
+        self._loaded: list[Manifest | None] = [None] * len(model_dirs)  # the iteration each engine serves
+        self.engines = [self._launch(i) for i in range(len(model_dirs))]
+
+    def _launch(self, i: int):
+        return self._actor.remote(self._model_dirs[i], self.cfg, **self._engine_args, start_on=self._loaded[i])
 
     def wait_started(self) -> None:
         """Block until every engine serves; an engine that failed to start stops them all and raises."""
@@ -39,11 +54,14 @@ class RolloutGroup:
         """The problems split across engines, `n_samples` completions each, drawn from `sampling`."""
         k = len(self.engines)
         bounds = [len(problems) * i // k for i in range(k + 1)]
-        refs = [self._generate(e, problems[lo:hi], n_samples, max_new_tokens, sampling, seed + lo)
-                for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
+        parts = {i: (lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
+        done = self._on_engines({
+            i: (lambda e, lo=lo, hi=hi: self._generate(e, problems[lo:hi], n_samples, max_new_tokens, sampling,
+                                                       seed + lo))
+            for i, (lo, hi) in parts.items()})
         out = Samples()
-        for lo, part in zip(bounds, ray.get(refs, timeout=self.timeout)):
-            for s in part.items:
+        for i, (lo, _) in parts.items():
+            for s in done[i].items:
                 s.prompt_index += lo
                 out.items.append(s)
         return out
@@ -51,8 +69,9 @@ class RolloutGroup:
     def generate_on_each(self, problems: list[Problem], max_new_tokens: int, sampling: TokenDistribution,
                          seed: int) -> list[Samples]:
         """One completion per problem from every engine (each must sample the trainer's distribution)."""
-        return ray.get([self._generate(e, problems, 1, max_new_tokens, sampling, seed) for e in self.engines],
-                       timeout=self.timeout)
+        done = self._on_engines({i: lambda e: self._generate(e, problems, 1, max_new_tokens, sampling, seed)
+                                 for i in range(len(self.engines))})
+        return [done[i] for i in range(len(self.engines))]
 
     def sync(self, manifests: Manifest | list[Manifest], mode: str, restart_if_layout_differs: bool = False
              ) -> list[dict]:
@@ -60,13 +79,45 @@ class RolloutGroup:
         own local copy after a transfer). See RolloutEngine.sync."""
         if isinstance(manifests, Manifest):
             manifests = [manifests] * len(self.engines)
-        return ray.get([e.sync.remote(m, mode, restart_if_layout_differs) for e, m in zip(self.engines, manifests)],
-                       timeout=self.timeout)
+        done = self._on_engines({i: lambda e, m=m: e.sync.remote(m, mode, restart_if_layout_differs)
+                                 for i, m in enumerate(manifests)})
+        self._loaded = list(manifests)
+        return [done[i] for i in range(len(self.engines))]
 
     def _generate(self, engine, problems: list[Problem], n_samples: int, max_new_tokens: int,
                   sampling: TokenDistribution, seed: int):
         return engine.generate.remote(problems, n_samples, max_new_tokens, sampling.temperature, seed,
                                       sampling.top_p, sampling.top_k, self.stop, self.stop_token_ids)
+
+    def _on_engines(self, calls: dict[int, Callable[[Any], ray.ObjectRef]]) -> dict[int, Any]:
+        """Run calls[i] on engine i, all at once, and gather the results. An engine whose actor died is
+        replaced (on the iteration it had loaded) and its call made again."""
+        pending = {i: call(self.engines[i]) for i, call in calls.items()}
+        replaced = dict.fromkeys(calls, 0)
+        results: dict[int, Any] = {}
+        while pending:
+            i, ref = next(iter(pending.items()))
+            try:
+                results[i] = ray.get(ref, timeout=self.timeout)
+                del pending[i]
+            except RayActorError as e:
+                if replaced[i] >= self.cfg.max_engine_restarts:
+                    raise RuntimeError(f"rollout engine {i} died {replaced[i] + 1} times during one call "
+                                       f"(max_engine_restarts={self.cfg.max_engine_restarts}): {e}") from e
+                replaced[i] += 1
+                self._replace(i, e)
+                pending[i] = calls[i](self.engines[i])
+        return results
+
+    def _replace(self, i: int, why: BaseException) -> None:
+        loaded = self._loaded[i]
+        log.warning("rollout engine %d died (%s); starting a new one on %s", i, type(why).__name__,
+                    f"iteration {loaded.iteration}" if loaded else self._model_dirs[i])
+        try:
+            ray.kill(self.engines[i])
+        except Exception:
+            pass
+        self.engines[i] = self._launch(i)
 
     def engine_pids(self) -> list[int]:
         return ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
@@ -79,4 +130,3 @@ class RolloutGroup:
                 pass
             ray.kill(e)
         self.engines = []
-

@@ -84,7 +84,7 @@ class Session:
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
-                group = RolloutGroup(dirs, cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed,
+                group = RolloutGroup(dirs, cfg.rollout.engine_config(), dtype=cfg.model.dtype, seed=cfg.seed,
                                      deterministic=cfg.deterministic, stop=cfg.rollout.stop,
                                      stop_token_ids=task.renderer.end_of_turn_ids())
                 stack.callback(group.shutdown)

@@ -18,12 +18,18 @@ class EngineConfig(_Strict):
     to `RolloutEngine` beside it."""
 
     tp: int = Field(1, ge=1)
+    # Where vLLM's engine core runs. `inline`: in the rollout actor's own process, and with tp=1 the model
+    # too, so a step crosses no process boundary and vLLM is imported once (scripts/bench_rollout.py measures
+    # both); an engine that dies takes its actor along and the rollout group starts a new actor on the latest
+    # verified weights. `separate`: vLLM's default for `LLM`, the engine core (and its TP workers) in child
+    # processes that the actor restarts on the latest verified weights when they die.
+    engine_process: Literal["inline", "separate"] = "inline"
     kv_cache_gb: float = Field(0.25, gt=0)
     max_engine_restarts: int = Field(3, ge=0)  # per generate/score call, when the engine process dies
     engine_start_timeout_s: float = Field(600, gt=0)
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_position_embeddings
     enforce_eager: bool = True  # torch.compile costs 30-150 s of start-up on CPU for ~10%
-    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)  # None: vLLM's default (the orchestrator sizes it per job)
     max_num_batched_tokens: int | None = Field(None, gt=0)  # None: vLLM's default for unsplit prefill
     cache_root: str | None = None  # VLLM_CACHE_ROOT; default <project>/.cache/vllm
     extra_env: dict[str, str] = {}  # environment of the engine's processes (e.g. VLLM_CPU_OMP_THREADS_BIND)
@@ -65,6 +71,15 @@ class RolloutConfig(EngineConfig):
     # tis_cap) (truncated importance sampling, Yao et al. 2025); `none`: the engines' log-probs are pi_old.
     mismatch_correction: Literal["none", "tis"] = "none"
     tis_cap: float = Field(2.0, ge=1)
+
+    def engine_config(self) -> "RolloutConfig":
+        """These settings as the engines get them: max_num_seqs, when unset, sized so that an engine runs its
+        share of a rollout phase as one batch (vLLM's CPU default of 256 split the quickstart's 512 sequences
+        into two; never below that default)."""
+        if self.max_num_seqs is not None:
+            return self
+        share = -(-self.prompts_per_iteration // self.engines) * self.n_samples
+        return self.model_copy(update={"max_num_seqs": max(share, 256)})
 
     @property
     def probe_interval(self) -> int:

@@ -1,10 +1,12 @@
-"""The rollout engine: one vLLM `LLM` whose V1 EngineCore runs in a child process ("the engine process").
+"""The rollout engine: one vLLM `LLM` whose V1 EngineCore runs in this process (`engine_process: inline`) or
+in a child process (`separate`); "the engine process" is whichever process runs the engine core.
 
 `RolloutEngine` is a plain class; the orchestrator runs it as a Ray actor (`ray.remote(num_cpus=0)`). It
 generates samples with the log-probs of the sampled tokens, scores given sequences teacher-forced, swaps
-weights (`sync`: restart or in-place reload of a verified published iteration) and restarts the engine
-process on the latest verified weights when it dies. vLLM is imported lazily so that importing this module
-(e.g. for `EngineConfig`) stays cheap.
+weights (`sync`: restart or in-place reload of a verified published iteration) and, with a separate engine
+process, restarts it on the latest verified weights when it dies (an inline engine dies with its actor: the
+rollout group replaces the actor). vLLM is imported lazily so that importing this module (e.g. for
+`EngineConfig`) stays cheap.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -87,7 +90,7 @@ def configure_env(cfg: EngineConfig) -> None:
     # vLLM waits this long for its workers to exit before killing them (default 5 s, and they never
     # made it in time here): a restart would otherwise spend 5 s on teardown.
     os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.engine_process == "inline" else "1"
     if cfg.enforce_eager:
         # Eager mode still torch.compiles a few helpers on first use (the sampler's token-rank count among
         # them): on CPU that is an inductor C++ build of ~7 s in every new engine process (its cache sits
@@ -104,6 +107,11 @@ def configure_env(cfg: EngineConfig) -> None:
     if "VLLM_CPU_OMP_THREADS_BIND" not in cfg.extra_env:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(cfg.tp)
     os.environ.update(cfg.extra_env)
+    if "torch" in sys.modules:
+        # An inline engine runs in this process, whose torch read TORCH_COMPILE_DISABLE when it was imported.
+        import torch._dynamo
+
+        torch._dynamo.config.disable = os.environ.get("TORCH_COMPILE_DISABLE") == "1"
 
 
 def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) -> dict:
@@ -113,7 +121,8 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not deterministic,
         # log-probs of the distribution sampled from (after temperature and top-k/top-p): what the trainer
         # recomputes; score_sequences' prompt log-probs stay raw whatever this says
-        logprobs_mode="processed_logprobs", distributed_executor_backend="mp", disable_log_stats=True,
+        logprobs_mode="processed_logprobs", distributed_executor_backend=executor_backend(cfg),
+        disable_log_stats=True,
         # With chunked prefill, a seeded request whose prompt is split across steps has its sampled token
         # discarded and its generator rewound with set_offset, which CPU generators do not support
         # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.
@@ -126,6 +135,12 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
     if cfg.max_num_seqs is not None:
         kw["max_num_seqs"] = cfg.max_num_seqs
     return kw
+
+
+def executor_backend(cfg: EngineConfig) -> str:
+    """Where vLLM's model workers run: an inline engine with tp=1 runs its model in its own process ("uni":
+    no worker process, no shared-memory queue polled between steps); otherwise one worker process per TP rank."""
+    return "uni" if cfg.engine_process == "inline" and cfg.tp == 1 else "mp"
 
 
 def _token_logprob(entry: Any, token: int) -> float:
@@ -145,10 +160,13 @@ def _threads_bind(tp: int) -> str:
 
 class RolloutEngine:
     def __init__(self, model_dir: str, cfg: EngineConfig | None = None, *, dtype: str = "float32", seed: int = 0,
-                 deterministic: bool = False) -> None:
+                 deterministic: bool = False, start_on: Manifest | None = None) -> None:
         """`dtype`: float32 by default (bf16 is slower on CPU and drifts from a float32 trainer);
-        `deterministic` turns prefix caching off, so every prompt is recomputed on the same path."""
+        `deterministic` turns prefix caching off, so every prompt is recomputed on the same path. `start_on`:
+        a published iteration to start on instead of `model_dir`, verified as a sync verifies it (the rollout
+        group replacing an engine that died)."""
         self.cfg = cfg or EngineConfig()
+        self._inline = self.cfg.engine_process == "inline"
         self.dtype, self.seed, self.deterministic = dtype, seed, deterministic
         self._checkpoint_dir = Path(model_dir)  # latest verified weights: restarts always go back here
         self._iteration: int | None = None
@@ -167,9 +185,17 @@ class RolloutEngine:
         # engine_pid/info answer while a generate runs).
         self._lock = threading.RLock()
         self._configure_env()
-        if not (self._checkpoint_dir / "config.json").is_file():
+        if start_on is not None:
+            try:
+                path, self._layout, _ = self._verified(start_on)
+            except CheckpointError as e:
+                raise EngineError(f"cannot start on {start_on.run} iteration {start_on.iteration}: {e}") from None
+            self._checkpoint_dir, self._iteration = path, start_on.iteration
+            self._scratch = path if path != Path(start_on.directory) else None
+        elif not (self._checkpoint_dir / "config.json").is_file():
             raise EngineError(f"{self._checkpoint_dir} is not a Hugging Face model directory (no config.json)")
-        self._layout = tensor_layout(self._checkpoint_dir)
+        else:
+            self._layout = tensor_layout(self._checkpoint_dir)
         self._start(self._checkpoint_dir)
         atexit.register(self.shutdown)
 
@@ -252,9 +278,7 @@ class RolloutEngine:
                 raise EngineError("engine was shut down")
             t0 = time.monotonic()
             try:
-                nbytes = verify_manifest(manifest)
-                path = engine_checkpoint_dir(manifest, f"engine-whole-{os.getpid()}")
-                layout = tensor_layout(path)
+                path, layout, nbytes = self._verified(manifest)
                 # In-place loading needs the same tensors; a failed reload_weights also breaks vLLM's later
                 # reloads, so catch a mismatch before the engine sees it.
                 if mode == "reload" and (why := layout_difference(layout, self._layout)):
@@ -281,9 +305,10 @@ class RolloutEngine:
                 "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
 
     def engine_pid(self) -> int:
+        """The process that runs the engine core: this actor's own with an inline engine."""
         if self._llm is None:
             raise EngineError("engine is not running")
-        return self._engine_proc().pid
+        return self._engine_pid()
 
     def info(self) -> dict:
         """State for callers and tests; answers without waiting for a running call (no lock)."""
@@ -291,7 +316,7 @@ class RolloutEngine:
         return {
             "checkpoint_dir": str(self._checkpoint_dir),
             "iteration": self._iteration,
-            "engine_pid": self._engine_proc().pid if llm is not None else None,
+            "engine_pid": self._engine_pid() if llm is not None else None,
             "starts": self._starts,
             "engine_deaths": self._deaths,
             "last_start_s": self.last_start_s,
@@ -318,6 +343,14 @@ class RolloutEngine:
     def _llm_kwargs(self) -> dict:
         return llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
 
+    @staticmethod
+    def _verified(manifest: Manifest) -> tuple[Path, dict, int]:
+        """The HF directory to load for a published iteration once its files check out, its tensor layout and
+        its size in bytes; CheckpointError names what is wrong."""
+        nbytes = verify_manifest(manifest)
+        path = engine_checkpoint_dir(manifest, f"engine-whole-{os.getpid()}")
+        return path, tensor_layout(path), nbytes
+
     def _start(self, path: Path) -> None:
         from vllm import LLM
 
@@ -329,6 +362,7 @@ class RolloutEngine:
         old_tmp = os.environ.get("TMPDIR")
         # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
         os.environ["TMPDIR"] = str(private)
+        ours = set(process_tree(os.getpid()))
         try:
             llm = LLM(str(path), **self._llm_kwargs())
         except Exception as e:
@@ -340,23 +374,31 @@ class RolloutEngine:
             else:
                 os.environ["TMPDIR"] = old_tmp
         self._llm, self._private_tmp = llm, private
-        proc = self._engine_proc()
-        self._pids = process_tree(proc.pid)
+        if self._inline:  # the engine's own processes: TP workers (none with tp=1)
+            self._pids = [p for p in process_tree(os.getpid()) if p not in ours]
+        else:
+            proc = self._engine_proc()
+            self._pids = process_tree(proc.pid)
+            client = llm.llm_engine.engine_core
+            self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
         self._segments = engine_segments(self._pids)
-        client = llm.llm_engine.engine_core
-        self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
         # What start-up left on the heap (vLLM, torch, transformers) stays alive for the engine's life; left to
         # the collector, each full collection walks it: 0.4 s, every dozen rollouts of the quickstart.
         gc.collect()
         gc.freeze()
         self.last_start_s = time.monotonic() - t0
-        log.info("vLLM engine pid %d on %s started in %.1f s", proc.pid, path, self.last_start_s)
+        log.info("vLLM engine pid %d on %s started in %.1f s", self._engine_pid(), path, self.last_start_s)
+
+    def _engine_pid(self) -> int:
+        return os.getpid() if self._inline else self._engine_proc().pid
 
     def _engine_proc(self):
         return self._llm.llm_engine.engine_core.resources.engine_manager.processes[0]
 
     def _alive(self) -> bool:
         llm = self._llm
+        if llm is not None and self._inline:  # a TP worker process that died fails the executor
+            return not getattr(llm.llm_engine.engine_core.engine_core.model_executor, "is_failed", False)
         if llm is None or self._watch is None or self._watch.dead.is_set():
             return False
         return not llm.llm_engine.engine_core.resources.engine_dead and self._engine_proc().is_alive()
@@ -367,13 +409,21 @@ class RolloutEngine:
             return
         if self._watch is not None:
             self._watch.expected = True
-        pids = process_tree(self._pids[0]) if self._pids else []
-        self._segments |= engine_segments(pids)
-        tracked = set(self._pids) | set(pids)
+        pids = {q for p in self._pids for q in process_tree(p)}
+        self._segments |= engine_segments(list(pids))
+        tracked = set(self._pids) | pids
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception as e:  # a dead engine may fail half-way through its own shutdown
             log.warning("engine shutdown raised %s: %s", type(e).__name__, e)
+        del llm
+        gc.unfreeze()  # the engine's start-up heap, frozen in _start, can go now
+        if self._inline:
+            # vLLM's own teardown of an engine in this process (distributed groups, then a collection), so
+            # that a restart can set up a new one here
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
         # vLLM kills the engine core; its workers follow on their own. Wait for them (bounded), then make sure.
         deadline = time.monotonic() + 10
         while pids_alive(list(tracked)) and time.monotonic() < deadline:
@@ -385,7 +435,6 @@ class RolloutEngine:
                 pass
         remove_segments(self._segments, self._private_tmp)
         self._segments, self._pids, self._private_tmp, self._watch = set(), [], None, None
-        del llm
 
     def _call(self, what: str, fn: Callable[[Any], _T]) -> _T:
         """Run fn(llm); if the engine process dies (before or during the call), start a new one on the latest

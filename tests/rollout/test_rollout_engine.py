@@ -1,6 +1,6 @@
 """The rollout engine as a Ray actor on real vLLM: sampling, log-probs against transformers, weight syncs,
-refused checkpoints and a killed engine process. One engine for the session (starts cost 30-80 s here); the
-tests run in file order from the base weights, and the module leaves them loaded."""
+refused checkpoints and a killed engine process. One (inline) engine for the session; the tests run in file order
+from the base weights, and the module leaves them loaded."""
 from __future__ import annotations
 
 import os
@@ -90,8 +90,30 @@ def test_logprobs_match_scoring_and_transformers(engine, problems, long_problem,
     assert get(engine.score_sequences.remote([[1, 2]], [[]])) == [[]]
 
 
-def test_engine_killed_mid_generate_is_restarted_on_the_same_weights(engine):
+@pytest.fixture
+def separate_engine(ray_cluster, tiny_model_dir):
+    """An engine whose engine core runs in a child process (`engine_process: separate`)."""
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
+
+    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=2, engine_start_timeout_s=400,
+                       engine_process="separate")
+    actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine).remote(str(tiny_model_dir), cfg)
+    try:
+        yield actor
+    finally:
+        try:
+            get(actor.shutdown.remote(), 120)
+        finally:
+            ray.kill(actor)
+
+
+def test_separate_engine_process_killed_mid_generate_is_restarted_on_the_same_weights(separate_engine, engine):
+    """The engine process is a child of the actor: the actor starts a new one and the call completes. (An
+    inline engine dies with its actor: tests/rollout/test_rollout_group.py.)"""
     args = (AdditionTask(2).problems(0, 5, 24), 4, 48, 1.0, 3)
+    assert ids(get(separate_engine.generate.remote(*args))) == ids(get(engine.generate.remote(*args)))
+    engine = separate_engine
     reference = get(engine.generate.remote(*args))
     pid = get(engine.engine_pid.remote())
     tree = process_tree(pid)
@@ -171,11 +193,13 @@ def test_reload_swaps_weights_in_place_and_resets_the_prefix_cache(engine, probl
 
 
 def test_restart_starts_a_new_engine_on_the_new_weights(engine, problems, long_problem, tiny_model_dir, tmp_path):
-    pid = get(engine.engine_pid.remote())
-    tree = process_tree(pid)
+    """The session's engine is inline: the new engine starts in the same process (after vLLM's teardown of
+    the old one there)."""
+    info = get(engine.info.remote())
     m = publish_like(tiny_model_dir, tmp_path / "2", 2, perturb(2, 0.05))
     t = get(engine.sync.remote(m, "restart"))
     print(f"restart: {t}")
     assert t["mode"] == "restart" and t["iteration"] == 2
-    assert get(engine.engine_pid.remote()) != pid and not pids_alive(tree)
+    after = get(engine.info.remote())
+    assert after["starts"] == info["starts"] + 1 and after["engine_pid"] == info["engine_pid"]
     _check_serves(engine, m, [long_problem, *problems[:2]])

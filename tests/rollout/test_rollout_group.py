@@ -1,0 +1,55 @@
+"""The rollout group over inline engines: an engine that dies takes its actor with it, and the group replaces the
+actor on the iteration the engine had loaded and makes the interrupted call again."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+from rollout_helpers import max_abs_diff, perturb, publish_like
+
+from orchestrator.rollout_group import RolloutGroup
+from rollout.config import EngineConfig
+from rollout.tasks import AdditionTask
+from trainer.batch import TokenDistribution
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_when_busy(group: RolloutGroup, pid: int, killed: list[int]) -> None:
+    """SIGKILL the engine process once its engine has unfinished requests (a generate is in flight)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if ray.get(group.engines[0].info.remote(), timeout=30)["unfinished_requests"] > 0:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+
+
+def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_cluster, tiny_model_dir, tmp_path):
+    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=1, engine_start_timeout_s=400)
+    assert cfg.engine_process == "inline"
+    group = RolloutGroup([str(tiny_model_dir)], cfg, dtype="float32", seed=0, deterministic=True)
+    try:
+        group.wait_started()
+        manifest = publish_like(tiny_model_dir, tmp_path / "1", 1, perturb(1, 0.05))
+        group.sync(manifest, "reload")
+        problems, sampling = AdditionTask(2).problems(0, 5, 48), TokenDistribution()
+        reference = group.generate(problems, 8, 48, sampling, 3)
+        pid = group.engine_pids()[0]
+        assert pid == ray.get(group.engines[0].info.remote(), timeout=30)["engine_pid"]
+        killed: list[int] = []
+        killer = threading.Thread(target=_kill_when_busy, args=(group, pid, killed))
+        killer.start()
+        got = group.generate(problems, 8, 48, sampling, 3)
+        killer.join()
+        assert killed == [pid], "the engine was never seen busy: make the generate longer"
+        info = ray.get(group.engines[0].info.remote(), timeout=30)
+        assert info["engine_pid"] != pid and info["iteration"] == 1, info
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in reference]
+        assert max_abs_diff([s.logprobs for s in got], [s.logprobs for s in reference]) <= 1e-5
+    finally:
+        group.shutdown()
