@@ -11,6 +11,7 @@ rollout group replaces the actor). vLLM is imported lazily so that importing thi
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import hashlib
 import logging
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, TypeVar
 
@@ -147,6 +149,18 @@ def _token_logprob(entry: Any, token: int) -> float:
     return float(entry[token].logprob)
 
 
+def bound_cpus(binding: str) -> list[int]:
+    """The CPUs of the first worker's group in a VLLM_CPU_OMP_THREADS_BIND value ('0,1|2-3': [0, 1]); the
+    CPUs this process may use when the value names none ('auto', 'nobind', 'all')."""
+    cpus: list[int] = []
+    for part in binding.split("|")[0].split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return sorted(os.sched_getaffinity(0))
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def _threads_bind(tp: int) -> str:
     """One OpenMP core group per TP worker, e.g. '0|1' for tp=2 on two cores (the default 'auto' binding
     refuses to put two workers on one NUMA node)."""
@@ -156,6 +170,23 @@ def _threads_bind(tp: int) -> str:
     per = len(cpus) // tp
     groups = [cpus[i * per:(i + 1) * per] for i in range(tp)]
     return "|".join(",".join(map(str, g)) for g in groups)
+
+
+def _on_engine_thread(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run the method on the engine's own thread. vLLM's CPU worker sets OpenMP's thread count and binds its
+    threads to cores for the thread that starts the engine (OpenMP keeps both per calling thread), and an
+    inline engine runs the model on the thread that calls it, while the actor's calls arrive on any of its
+    threads: elsewhere the model would run on one unbound thread (Ray sets OMP_NUM_THREADS=1)."""
+    @functools.wraps(method)
+    def run(self: "RolloutEngine", *args, **kwargs):
+        if threading.current_thread() is self._engine_thread:
+            return method(self, *args, **kwargs)
+        try:
+            done = self._engine_executor.submit(method, self, *args, **kwargs)
+        except RuntimeError:  # the interpreter is exiting (atexit's shutdown): no new work on that thread
+            return method(self, *args, **kwargs)
+        return done.result()
+    return run
 
 
 class RolloutEngine:
@@ -184,6 +215,8 @@ class RolloutEngine:
         # generate/score/sync/shutdown take turns (the actor may run with max_concurrency > 1 so that
         # engine_pid/info answer while a generate runs).
         self._lock = threading.RLock()
+        self._engine_thread: threading.Thread | None = None
+        self._engine_executor = ThreadPoolExecutor(1, "vllm-engine", initializer=self._claim_engine_thread)
         self._configure_env()
         if start_on is not None:
             try:
@@ -332,10 +365,14 @@ class RolloutEngine:
                 return
             self._closed = True
             self._teardown()
+            self._engine_executor.shutdown(wait=False)
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ------------------------------------------------------------------ engine lifecycle
+
+    def _claim_engine_thread(self) -> None:
+        self._engine_thread = threading.current_thread()
 
     def _configure_env(self) -> None:
         configure_env(self.cfg)
@@ -351,6 +388,7 @@ class RolloutEngine:
         path = engine_checkpoint_dir(manifest, f"engine-whole-{os.getpid()}")
         return path, tensor_layout(path), nbytes
 
+    @_on_engine_thread
     def _start(self, path: Path) -> None:
         from vllm import LLM
 
@@ -363,6 +401,13 @@ class RolloutEngine:
         # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
         os.environ["TMPDIR"] = str(private)
         ours = set(process_tree(os.getpid()))
+        if self._inline and self.cfg.tp == 1:
+            # vLLM sets a CPU worker's OpenMP threads through the environment of the worker process it spawns;
+            # an inline model runs on this thread, whose OpenMP runtime has long read the actor's environment
+            # (Ray's OMP_NUM_THREADS=1). torch._C's setter: vLLM replaces torch.set_num_threads with a no-op.
+            import torch
+
+            torch._C.set_num_threads(len(bound_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))))
         try:
             llm = LLM(str(path), **self._llm_kwargs())
         except Exception as e:
@@ -403,6 +448,7 @@ class RolloutEngine:
             return False
         return not llm.llm_engine.engine_core.resources.engine_dead and self._engine_proc().is_alive()
 
+    @_on_engine_thread
     def _teardown(self) -> None:
         llm, self._llm = self._llm, None
         if llm is None:
@@ -436,6 +482,7 @@ class RolloutEngine:
         remove_segments(self._segments, self._private_tmp)
         self._segments, self._pids, self._private_tmp, self._watch = set(), [], None, None
 
+    @_on_engine_thread
     def _call(self, what: str, fn: Callable[[Any], _T]) -> _T:
         """Run fn(llm); if the engine process dies (before or during the call), start a new one on the latest
         verified weights and retry, at most cfg.max_engine_restarts times."""
@@ -468,6 +515,7 @@ class RolloutEngine:
             return
         self._sync_step(f"reload of iteration {iteration} from {path}", lambda: self._load_in_place(path))
 
+    @_on_engine_thread
     def _load_in_place(self, path: Path) -> None:
         llm = self._llm
         llm.collective_rpc("reload_weights", timeout=self.cfg.engine_start_timeout_s,

@@ -1,17 +1,20 @@
-"""Rollout throughput, with honest anchors: tide's rollout path against vLLM used directly, vLLM's faster
-settings that keep tide's log-prob contract, and Hugging Face `generate`. Figure of merit: generated tokens/s.
+"""Rollout throughput, with honest anchors: tide's rollout path against vLLM used directly, vLLM's other settings
+that keep tide's log-prob contract, and Hugging Face `generate`. Figure of merit: generated tokens/s.
 
     .venv/bin/python scripts/bench_rollout.py [--quick]     writes bench_results/rollout.json
 
 Sides, on the same model (a Qwen2-architecture decoder of about 100M parameters, random init, float32; --quick:
 about 25M), prompts, sampling (temperature 1, no truncation, k samples per prompt, EOS or max_new_tokens) and
 seeds, all alive at once and sampled round robin (one run, alternating):
-- `tide`: what a rollout phase does -- the RolloutEngine as a Ray actor (orchestrator.rollout_group), one
-  seeded request with k samples per prompt, the sampled tokens' log-probs, Samples back to the driver;
-- `vllm-direct`: vLLM's `LLM.generate` in this process with tide's engine arguments and requests (tide's
-  overhead = the gap to this);
-- vLLM variants that keep the contract (per-token log-probs of the sampled distribution, seeded samples):
-  `vllm-request-per-sample` (k seeded requests per prompt, tide's former default) and `vllm-compiled`
+- `tide`: what a rollout phase does -- the RolloutEngine as a Ray actor (orchestrator.rollout_group) with tide's
+  default engine settings, one seeded request with k samples per prompt, the sampled tokens' log-probs, Samples
+  back to the driver;
+- `vllm-direct`: vLLM's `LLM.generate` with tide's engine arguments and requests, timed around the call in the
+  process that holds the engine (tide's overhead = the gap to this);
+- vLLM variants that keep the contract (per-token log-probs of the sampled distribution, seeded samples), each
+  `LLM` in its own process (an inline engine owns its process's distributed state), timed the same way:
+  `vllm-request-per-sample` (k seeded requests per prompt), `vllm-separate-process` (vLLM's default process
+  layout: engine core and model worker in child processes; tide's former default) and `vllm-compiled`
   (torch.compile instead of eager mode; its start-up cost is reported beside it);
 - `hf-generate`: transformers' `generate` on the whole batch, with the sampled tokens' log-probs.
 Tokens are counted as generated (up to and including EOS). No roofline is printed: a bound computed from
@@ -91,15 +94,80 @@ def _produced(outputs) -> int:
     return n
 
 
+def _vllm_worker(conn, model_dir: str, cfg_json: str, problems, n_samples: int, max_new: int) -> None:
+    """One vLLM `LLM` with the given engine settings, in its own process. Answers ("tide" | "per-sample", seed)
+    with the tokens/s of one `LLM.generate` of the problems, timed around the call; None ends it."""
+    import gc
+
+    from vllm import SamplingParams, TokensPrompt
+
+    from rollout.config import EngineConfig
+    from rollout.engine import configure_env, generate_requests, llm_kwargs, prompt_seed
+
+    cfg = EngineConfig.model_validate_json(cfg_json)
+    configure_env(cfg)
+    from vllm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(model_dir, **llm_kwargs(cfg, "float32", 0, False))
+    gc.collect()
+    gc.freeze()  # as tide's engine actor does after start-up
+    conn.send(time.perf_counter() - t0)
+    while (msg := conn.recv()) is not None:
+        requests, seed = msg
+        if requests == "tide":
+            reqs, params = generate_requests(problems, n_samples, max_new, 1.0, seed)
+        else:  # one seeded request per sample
+            reqs = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
+                    for p in problems for _ in range(n_samples)]
+            params = [SamplingParams(n=1, max_tokens=max_new, temperature=1.0, seed=prompt_seed(seed, i) + j,
+                                     logprobs=0, detokenize=False)
+                      for i in range(len(problems)) for j in range(n_samples)]
+        got = []
+        s = timed(lambda: got.append(llm.generate(reqs, params, use_tqdm=False)))
+        conn.send(_produced(got[0]) / s)
+    if cfg.engine_process == "separate":
+        llm.llm_engine.engine_core.shutdown()
+
+
+class VLLMProcess:
+    """A `_vllm_worker` process: started at once, `ready()` waits for its engine."""
+
+    def __init__(self, model_dir: Path, cfg, problems, n_samples: int, max_new: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_vllm_worker,
+                                args=(child, str(model_dir), cfg.model_dump_json(), problems, n_samples, max_new))
+        self.proc.start()
+
+    def ready(self, timeout: float = 900) -> float:
+        if not self.conn.poll(timeout):
+            raise RuntimeError("a vLLM worker process did not start its engine")
+        return self.conn.recv()
+
+    def rate(self, requests: str, seed: int) -> float:
+        self.conn.send((requests, seed))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def main() -> None:
     args = bench_arguments(__doc__).parse_args()
 
     import ray
-    from vllm import LLM, SamplingParams, TokensPrompt
 
     from orchestrator.rollout_group import RolloutGroup
     from rollout.config import EngineConfig
-    from rollout.engine import configure_env, generate_requests, llm_kwargs, prompt_seed
     from rollout.tasks import AdditionTask
     from trainer.batch import TokenDistribution
 
@@ -108,27 +176,23 @@ def main() -> None:
     n_prompts, n_samples, max_new = (16, 4, 32) if quick else (64, 4, 64)
     report = Report("rollout", quick)
     tmp = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
-    group = None
+    group, workers = None, {}
     try:
         model_dir = build_model(tmp, quick)
         problems = AdditionTask(4).problems(seed=0, iteration=1, n=n_prompts)
         prompts = [p.prompt for p in problems]
         cfg = EngineConfig(kv_cache_gb=1.0)
-        configure_env(cfg)
+        variants = {"vllm-direct": cfg, "vllm-separate-process": cfg.model_copy(update={"engine_process": "separate"}),
+                    "vllm-compiled": cfg.model_copy(update={"enforce_eager": False})}
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
         starts = {}
+        for name, variant in variants.items():  # one at a time: each start is timed alone
+            workers[name] = VLLMProcess(model_dir, variant, problems, n_samples, max_new)
+            starts[name] = workers[name].ready()
         t0 = time.perf_counter()
         group = RolloutGroup([str(model_dir)], cfg, dtype="float32", seed=0, deterministic=False)
         group.wait_started()
         starts["tide"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        direct = LLM(str(model_dir), **llm_kwargs(cfg, "float32", 0, False))
-        starts["vllm-direct"] = time.perf_counter() - t0
-        compiled_cfg = cfg.model_copy(update={"enforce_eager": False})
-        configure_env(compiled_cfg)  # the environment its processes inherit
-        t0 = time.perf_counter()
-        compiled = LLM(str(model_dir), **llm_kwargs(compiled_cfg, "float32", 0, False))
-        starts["vllm-compiled"] = time.perf_counter() - t0
         hf = HFGenerate(model_dir)
         seeds = iter(range(10_000))
 
@@ -137,32 +201,18 @@ def main() -> None:
             s = timed(lambda: got.append(group.generate(problems, n_samples, max_new, TokenDistribution(), next(seeds))))
             return sum(len(x.completion_ids) for x in got[0].items) / s
 
-        def vllm_on(llm):
-            def rate() -> float:
-                reqs, params = generate_requests(problems, n_samples, max_new, 1.0, next(seeds))
-                got = []
-                s = timed(lambda: got.append(llm.generate(reqs, params, use_tqdm=False)))
-                return _produced(got[0]) / s
-            return rate
-
-        def vllm_request_per_sample() -> float:
-            seed = next(seeds)
-            reqs = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt
-                    for p in problems for _ in range(n_samples)]
-            params = [SamplingParams(n=1, max_tokens=max_new, temperature=1.0, seed=prompt_seed(seed, i) + j,
-                                     logprobs=0, detokenize=False)
-                      for i in range(len(problems)) for j in range(n_samples)]
-            got = []
-            s = timed(lambda: got.append(direct.generate(reqs, params, use_tqdm=False)))
-            return _produced(got[0]) / s
+        def vllm(name: str, requests: str = "tide"):
+            return lambda: workers[name].rate(requests, next(seeds))
 
         def hf_generate() -> float:
             got = []
             s = timed(lambda: got.append(hf(prompts, n_samples, max_new, next(seeds))))
             return got[0] / s
 
-        sides = {"tide": tide, "vllm-direct": vllm_on(direct), "vllm-request-per-sample": vllm_request_per_sample,
-                 "vllm-compiled": vllm_on(compiled), "hf-generate": hf_generate}
+        sides = {"tide": tide, "vllm-direct": vllm("vllm-direct"),
+                 "vllm-request-per-sample": vllm("vllm-direct", "per-sample"),
+                 "vllm-separate-process": vllm("vllm-separate-process"), "vllm-compiled": vllm("vllm-compiled"),
+                 "hf-generate": hf_generate}
         for fn in sides.values():  # warm-up
             fn()
         samples: dict[str, list[float]] = {name: [] for name in sides}
@@ -174,11 +224,12 @@ def main() -> None:
         extra = dict(parameters=params, prompts=n_prompts, samples_per_prompt=n_samples, max_new_tokens=max_new)
         unit = "generated tokens/s"
         direct_row = report.add("tide_vs_vllm_direct", "tide rollout path (Ray actor, RolloutEngine)",
-                                "vLLM LLM.generate in-process, tide's engine arguments and requests", unit,
+                                "vLLM LLM.generate, tide's engine arguments and requests", unit,
                                 samples["tide"], samples["vllm-direct"], **extra)
-        best_name = max(("vllm-direct", "vllm-request-per-sample", "vllm-compiled"),
-                        key=lambda k: statistics.median(samples[k]))
+        variant_names = ("vllm-direct", "vllm-request-per-sample", "vllm-separate-process", "vllm-compiled")
+        best_name = max(variant_names, key=lambda k: statistics.median(samples[k]))
         for name, what in (("vllm-request-per-sample", "one seeded request per sample"),
+                           ("vllm-separate-process", "engine core and worker in child processes (vLLM's default)"),
                            ("vllm-compiled", "enforce_eager=False (torch.compile)")):
             report.add(f"{name}_vs_vllm_direct", f"vLLM direct, {what}", "vLLM direct, tide's settings", unit,
                        samples[name], samples["vllm-direct"], **extra)
@@ -187,6 +238,7 @@ def main() -> None:
         hf_row = report.add("tide_vs_hf_generate", "tide rollout path", "transformers generate", unit,
                             samples["tide"], samples["hf-generate"], **extra)
         report.note("engine_start_s", {k: round(v, 1) for k, v in starts.items()})
+        report.note("tide_engine_settings", {"engine_process": cfg.engine_process, "enforce_eager": cfg.enforce_eager})
         report.goal("tide_path_vs_vllm_direct (same settings)", direct_row["ratio"], DIRECT_TARGET)
         report.goal("tide_default_vs_fastest_vllm", best_row["ratio"], 1.0)
         if not quick:
@@ -194,6 +246,8 @@ def main() -> None:
     finally:
         if group is not None:
             group.shutdown()
+        for w in workers.values():
+            w.close()
         shutil.rmtree(tmp, ignore_errors=True)
     report.finish()
 
