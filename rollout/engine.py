@@ -173,10 +173,9 @@ def _threads_bind(tp: int) -> str:
 
 
 def _on_engine_thread(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Run the method on the engine's own thread. vLLM's CPU worker sets OpenMP's thread count and binds its
-    threads to cores for the thread that starts the engine (OpenMP keeps both per calling thread), and an
-    inline engine runs the model on the thread that calls it, while the actor's calls arrive on any of its
-    threads: elsewhere the model would run on one unbound thread (Ray sets OMP_NUM_THREADS=1)."""
+    """Run the method on the engine's own thread. An inline engine runs the model on the thread that calls it,
+    and OpenMP keeps its thread count per calling thread: the count _start sets holds on this thread only, while
+    the actor's calls arrive on any of its threads (elsewhere: Ray's OMP_NUM_THREADS=1)."""
     @functools.wraps(method)
     def run(self: "RolloutEngine", *args, **kwargs):
         if threading.current_thread() is self._engine_thread:
