@@ -1,7 +1,8 @@
 """Session-wide fixtures: one local Ray cluster, one tiny HF model, one rollout engine actor.
 
-Engine starts cost 30-80 s on this machine, so every test module shares the same actor. A module that syncs
-other weights into `rollout_engine` syncs the weights of `tiny_model_dir` back before it ends.
+An engine actor costs 10-15 s to start here (importing vLLM; 25-80 s with the engine core in a child process),
+so every test module shares the same actor. A module that syncs other weights into `rollout_engine` syncs the
+weights of `tiny_model_dir` back before it ends.
 """
 from __future__ import annotations
 
