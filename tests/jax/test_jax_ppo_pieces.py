@@ -44,6 +44,47 @@ def test_gae_matches_loop_and_hand_values():
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_gae_bootstraps_an_episode_cut_by_the_time_limit_by_hand():
+    import jax.numpy as jnp
+
+    from trainer.jax.ppo import gae
+
+    r, v = np.array([1.0, 1.0, 1.0, 0.5]), np.array([0.5, 0.4, 0.3, 0.2])
+    d = np.array([0.0, 1.0, 0.0, 0.0])
+    end = np.array([0.0, 0.9, 0.0, 0.0])  # step 1 was cut by the time limit; its last observation is worth 0.9
+    adv, target = gae(*(jnp.asarray(x)[:, None] for x in (r, v, d)), jnp.asarray([0.7]), 0.9, 0.8,
+                      jnp.asarray(end)[:, None])
+    # By hand (gamma .9, lambda .8): steps 3 and 2 as without the cut (0.93, 1.5496); step 1 bootstraps from
+    # the cut: 1 + .9*.9 - .4 = 1.41, and its trace stops there; step 0: 1 + .9*.4 - .5 = 0.86, + .72*1.41.
+    expected = np.array([0.86 + 0.72 * 1.41, 1.41, 1.5496, 0.93])
+    np.testing.assert_allclose(np.asarray(adv)[:, 0], expected, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(target)[:, 0], expected + v, rtol=1e-6)
+
+
+def test_auto_reset_reports_time_limit_cuts_and_the_last_observation():
+    """Truncated (not terminated) steps are flagged with the episode's last observation; an episode the task
+    ends at the time limit is an end, not a cut."""
+    import jax
+    import jax.numpy as jnp
+    from toy_env import Walk
+
+    from trainer.jax.envs import EnvSlot, auto_reset_step
+
+    env, key = Walk(), jax.random.PRNGKey(0)
+
+    def step(pos: float, t: int, action: int):
+        slot = EnvSlot((jnp.float32(pos), jnp.int32(t)), jnp.float32(0.0), jnp.int32(t))
+        return auto_reset_step(env, key, key, slot, jnp.int32(action))
+
+    cut = step(0.0, 19, 0)  # the 20th step ends at -1: the time limit, not the goal
+    assert bool(cut.done) and bool(cut.truncated) and float(cut.final_obs[0]) == -1.0
+    assert float(cut.obs[0]) in (-1.0, 0.0, 1.0) and int(cut.slot.state[1]) == 0  # a new episode
+    goal = step(2.0, 19, 1)  # reaches +3 on the 20th step: terminated and truncated at once
+    assert bool(goal.done) and not bool(goal.truncated) and float(goal.final_obs[0]) == 3.0
+    mid = step(0.0, 3, 1)
+    assert not bool(mid.done) and not bool(mid.truncated) and float(mid.final_obs[0]) == float(mid.obs[0]) == 1.0
+
+
 def test_clipped_losses_by_hand():
     import jax.numpy as jnp
 

@@ -88,6 +88,9 @@ class StepOut(NamedTuple):
     done: jax.Array  # terminated or truncated: the next obs starts a new episode
     finished_return: jax.Array  # the episode's return where done, else 0
     finished_length: jax.Array
+    # cut by the time limit, not ended by the task: the episode's value goes on past `final_obs`
+    truncated: jax.Array
+    final_obs: jax.Array  # the step's observation before any reset (where done, the episode's last one)
 
 
 def reset_slot(env: Environment, key: jax.Array) -> tuple[jax.Array, EnvSlot]:
@@ -104,6 +107,8 @@ def auto_reset_step(env: Environment, k_step: jax.Array, k_reset: jax.Array, slo
     ep_length = slot.ep_length + 1
     obs_re, state_re = env.reset(k_reset)
     state = jax.tree.map(lambda r, s: jnp.where(done, r, s), state_re, state)
-    obs = jnp.where(done, obs_re, obs)
+    next_obs = jnp.where(done, obs_re, obs)
     new = EnvSlot(state, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
-    return StepOut(obs, new, reward, done, jnp.where(done, ep_return, 0.0), jnp.where(done, ep_length, 0))
+    cut = jnp.logical_and(truncated, jnp.logical_not(terminated))  # a task's end at the limit is an end
+    return StepOut(next_obs, new, reward, done, jnp.where(done, ep_return, 0.0), jnp.where(done, ep_length, 0),
+                   cut, obs)

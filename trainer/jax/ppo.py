@@ -54,19 +54,27 @@ class UpdateMetrics(NamedTuple):
 
 
 def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
-        gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
-    """Generalised advantage estimation over time-major arrays [T, ...]. `dones[t]` means the episode
-    ended at step t, so step t does not bootstrap from t+1. Returns (advantages, value targets)."""
+        gamma: float, lam: float, end_values: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation", eq. 16) over time-major arrays [T, ...]. `dones[t]` means the episode
+    ended at step t: step t's TD error does not look at step t+1 (another episode) and the trace stops there.
+    `end_values[t]`, where given, is the value the TD error of an ending step bootstraps from: the value of the
+    last observation where a time limit cut the episode (Pardo et al. 2018, "Time Limits in Reinforcement
+    Learning": partial-episode bootstrapping), 0 where the task ended it; None: 0 everywhere. Returns
+    (advantages, value targets)."""
+    if end_values is None:
+        end_values = jnp.zeros_like(values)
 
     def back(carry, x):
         adv_next, v_next = carry
-        r, v, d = x
+        r, v, d, v_end = x
         live = 1.0 - d.astype(jnp.float32)
-        delta = r + gamma * v_next * live - v
+        delta = r + gamma * (live * v_next + (1.0 - live) * v_end) - v
         adv = delta + gamma * lam * live * adv_next
         return (adv, v), adv
 
-    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (rewards, values, dones), reverse=True)
+    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (rewards, values, dones, end_values),
+                          reverse=True)
     return adv, adv + values
 
 
@@ -117,7 +125,8 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
         env_action = jnp.clip(action, box.low, box.high).reshape((n_envs,) + box.shape) if box else action
         out = step_env(k_step, k_reset, slot, env_action)
         trans = Transition(obs, action, logp, None, out.reward, out.done)
-        return (params, out.slot, out.obs), (trans, out.finished_return, out.finished_length)
+        return (params, out.slot, out.obs), (trans, out.finished_return, out.finished_length, out.truncated,
+                                             out.final_obs)
 
     def rollout(params, slot, obs, key):
         # All randomness of the rollout is drawn up front in a few large ops, so the loop body
@@ -178,13 +187,20 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
 
     def update(rs: RunnerState, _=None) -> tuple[RunnerState, UpdateMetrics]:
         key, k_rollout = jax.random.split(rs.key)
-        (params, slot, obs), (traj, fin_ret, fin_len) = rollout(rs.params, rs.slot, rs.obs, k_rollout)
+        (params, slot, obs), (traj, fin_ret, fin_len, truncated, final_obs) = rollout(rs.params, rs.slot, rs.obs,
+                                                                                       k_rollout)
         # The critic runs over the rollout after it, in large row chunks: inside the loop it sat on the
         # critical path in tiny GEMMs (8% of an update at 4 envs, 10% at 8 seeds x 4 envs).
         steps_per_chunk = max(1, min(cfg.num_steps, CRITIC_CHUNK_ROWS // n_envs))
-        values = jax.lax.map(lambda o: apply_fn(params, o)[1], traj.obs, batch_size=steps_per_chunk)
-        traj, last_value = traj._replace(value=values), apply_fn(params, obs)[1]
-        adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda)
+
+        def critic(observations):
+            return jax.lax.map(lambda o: apply_fn(params, o)[1], observations, batch_size=steps_per_chunk)
+
+        traj, last_value = traj._replace(value=critic(traj.obs)), apply_fn(params, obs)[1]
+        # Episodes cut by a time limit bootstrap from their last observation's value (truncation is not the
+        # task's end); one more critic pass, over the observations each step produced before any reset.
+        end_values = jnp.where(truncated, critic(final_obs), 0.0)
+        adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda, end_values)
         flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
         (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
         pg, vl, ent, kl, cf = (jnp.mean(a) for a in aux)
