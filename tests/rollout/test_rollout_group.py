@@ -53,3 +53,33 @@ def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_c
         assert max_abs_diff([s.logprobs for s in got], [s.logprobs for s in reference]) <= 1e-5
     finally:
         group.shutdown()
+
+
+def test_an_inline_tp2_engine_samples_reloads_and_restarts_in_its_actor(ray_cluster, tmp_path):
+    """tp=2 inline: the engine core in the actor, one worker process per TP rank. A reload and a restart onto the
+    same iteration serve the same samples, and the restart's worker processes replace the old ones."""
+    from rollout.engine_proc import pids_alive, process_tree
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tp2-model", AdditionTask(1).corpus(),
+                             TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=2))
+    cfg = EngineConfig(tp=2, kv_cache_gb=0.125, engine_start_timeout_s=400)
+    group = RolloutGroup([str(model)], cfg, dtype="float32", seed=0, deterministic=True)
+    try:
+        group.wait_started()
+        pid = group.engine_pids()[0]
+        workers = [p for p in process_tree(pid) if p != pid]
+        assert len(workers) >= 2, "expected a worker process per TP rank"
+        problems, sampling = AdditionTask(1).problems(0, 1, 8), TokenDistribution()
+        base = group.generate(problems, 4, 8, sampling, 3)
+        manifest = publish_like(model, tmp_path / "1", 1, perturb(1, 0.05))
+        group.sync(manifest, "reload")
+        reloaded = group.generate(problems, 4, 8, sampling, 3)
+        group.sync(manifest, "restart")
+        restarted = group.generate(problems, 4, 8, sampling, 3)
+        assert group.engine_pids() == [pid] and not pids_alive(workers)
+        assert [s.completion_ids for s in reloaded] != [s.completion_ids for s in base]
+        assert [s.completion_ids for s in restarted] == [s.completion_ids for s in reloaded]
+        assert max_abs_diff([s.logprobs for s in restarted], [s.logprobs for s in reloaded]) <= 1e-5
+    finally:
+        group.shutdown()
