@@ -399,7 +399,7 @@ class RolloutEngine:
         old_tmp = os.environ.get("TMPDIR")
         # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
         os.environ["TMPDIR"] = str(private)
-        ours = set(process_tree(os.getpid()))
+        ours = set(process_tree(os.getpid())) if self._inline else set()  # to tell the engine's workers apart
         if self._inline and self.cfg.tp == 1:
             # vLLM sets a CPU worker's OpenMP threads through the environment of the worker process it spawns;
             # an inline model runs on this thread, whose OpenMP runtime has long read the actor's environment
