@@ -1,8 +1,8 @@
-"""The orchestration of `engine: jax` runs: one tide iteration is one jitted chunk of PPO updates.
+"""The orchestration of `engine: jax` runs: one tide iteration is one jitted chunk of updates (PPO, SAC or IMPALA).
 
 Writes the same run directory as the LLM loop: a `compile` phase (first iteration only) and a `train`
 phase per chunk in timings.jsonl, one metrics.jsonl record per iteration, Orbax checkpoints of the whole
-runner state (parameters, optimizer, env states, observations, raw PRNG keys) through
+runner state (parameters, optimizers, env states, observations, raw PRNG keys, SAC's replay buffer) through
 `RunDir.writing_checkpoint`, so a resumed run continues bit-for-bit where the checkpoint left off."""
 from __future__ import annotations
 

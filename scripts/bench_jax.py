@@ -44,14 +44,18 @@ def tide_engine(num_envs: int, updates: int, seeds: int = 1, total_updates: int 
     cfg = JaxConfig(env="CartPole-v1", num_envs=num_envs, num_steps=NUM_STEPS, updates_per_iteration=updates,
                     epochs=PPO["epochs"], minibatches=PPO["minibatches"], lr=PPO["lr"], seeds=seeds,
                     hidden_sizes=list(PPO["hidden"]))
-    engine = Engine(cfg, total_updates=total_updates, seed=0, devices=devices)
+    return chunk_step(Engine(cfg, total_updates=total_updates, seed=0, devices=devices))
+
+
+def chunk_step(engine):
+    """A call that runs one compiled chunk of the engine's updates (compiled here, not in the call)."""
+    import jax
+
     state = engine.init_state()
     engine.compile(state)
     box = {"state": state}
 
     def step() -> None:
-        import jax
-
         box["state"], _ = engine.run_chunk(box["state"])
         jax.block_until_ready(box["state"])
 
@@ -60,24 +64,28 @@ def tide_engine(num_envs: int, updates: int, seeds: int = 1, total_updates: int 
 
 # ---------------------------------------------------------------- baseline: rejax
 def _rejax_algo(num_envs: int, num_steps: int = NUM_STEPS, lr: float = PPO["lr"]):
-    import jax.numpy as jnp
     from gymnax.environments.classic_control.cartpole import CartPole
     from rejax import PPO as RejaxPPO
 
-    class CartPole5(CartPole):
-        """rejax 0.1.3 unpacks gymnax's step as 5 values; gymnax 1.0 returns 6 (FEASIBILITY, JAX)."""
-
-        def step(self, key, state, action, params=None):
-            obs, state, reward, terminated, truncated, info = super().step(key, state, action, params)
-            return obs, state, reward, jnp.logical_or(terminated, truncated), info
-
-    env = CartPole5()
+    env = _five_value_step(CartPole)()
     return RejaxPPO.create(
         env=env, env_params=env.default_params, num_envs=num_envs, num_steps=num_steps,
         num_epochs=PPO["epochs"], num_minibatches=PPO["minibatches"], learning_rate=lr,
         gamma=PPO["gamma"], gae_lambda=PPO["gae_lambda"], clip_eps=PPO["clip_eps"], ent_coef=PPO["ent_coef"],
         vf_coef=PPO["vf_coef"], max_grad_norm=PPO["max_grad_norm"],
         agent_kwargs={"activation": "tanh", "hidden_layer_sizes": PPO["hidden"]}, skip_initial_evaluation=True)
+
+
+def _five_value_step(env_cls):
+    """rejax 0.1.3 unpacks gymnax's step as 5 values; gymnax 1.0 returns 6 (FEASIBILITY, JAX)."""
+    import jax.numpy as jnp
+
+    class FiveValueStep(env_cls):
+        def step(self, key, state, action, params=None):
+            obs, state, reward, terminated, truncated, info = super().step(key, state, action, params)
+            return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+    return FiveValueStep
 
 
 def rejax_step(num_envs: int, updates: int, seeds: int = 1):
@@ -227,7 +235,7 @@ def solve_tide(max_seconds: float, seed: int) -> float | None:
     @jax.jit
     def eval_fn(params, rng):
         def act(obs, key):
-            dist, _ = engine.network.apply(params, obs)
+            dist, _ = engine.algorithm.agent.network.apply(params, obs)
             return dist.sample(key)
 
         return evaluate(act, rng, rejax_env.env, rejax_env.env_params, 128,
@@ -292,6 +300,77 @@ def solve_torch(max_seconds: float, seed: int) -> float | None:
         if len(ppo.returns) >= 20 and statistics.fmean(ppo.returns[-20:]) >= TARGET:
             return time.perf_counter() - t0
     return None
+
+
+# ---------------------------------------------------------------- SAC: tide vs rejax on Pendulum-v1
+# Equal work per update on both sides: num_envs env steps, then SAC_GRADIENT_STEPS gradient steps on batches of
+# 256 (rejax's train_iteration; tide with num_steps 1), twin critics, Polyak 0.995, 128x128 ReLU MLPs, updates
+# from 256 env steps on (the first, untimed call passes that point on both sides).
+SAC = dict(hidden=(128, 128), batch_size=256, learning_starts=256, lr=1e-3, gamma=0.99, tau=0.005)
+SAC_GRADIENT_STEPS = 1
+
+
+def tide_sac_step(num_envs: int, updates: int):
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.engine import Engine
+
+    cfg = JaxConfig(algorithm="sac", env="Pendulum-v1", num_envs=num_envs, num_steps=1, updates_per_iteration=updates,
+                    lr=SAC["lr"], gamma=SAC["gamma"], hidden_sizes=list(SAC["hidden"]), activation="relu",
+                    sac=dict(buffer_size=100_000, batch_size=SAC["batch_size"], learning_starts=SAC["learning_starts"],
+                             gradient_steps=SAC_GRADIENT_STEPS, tau=SAC["tau"]))
+    return chunk_step(Engine(cfg, total_updates=10_000, seed=0, devices=1))
+
+
+def rejax_sac_step(num_envs: int, updates: int):
+    import jax
+    import jax.numpy as jnp
+    from gymnax.environments.classic_control.pendulum import Pendulum
+    from rejax import SAC as RejaxSAC
+
+    env = _five_value_step(Pendulum)()
+    algo = RejaxSAC.create(env=env, env_params=env.default_params, num_envs=num_envs, buffer_size=100_000,
+                           fill_buffer=SAC["learning_starts"], batch_size=SAC["batch_size"], learning_rate=SAC["lr"],
+                           num_epochs=SAC_GRADIENT_STEPS, gamma=SAC["gamma"], polyak=1.0 - SAC["tau"],
+                           agent_kwargs={"activation": "relu", "hidden_layer_sizes": SAC["hidden"]},
+                           skip_initial_evaluation=True)
+    # rejax's target critic starts as the same arrays as the critic: copies, so the state can be donated
+    ts = jax.tree.map(jnp.copy, algo.init_state(jax.random.PRNGKey(0)))
+    fn = jax.jit(lambda ts: jax.lax.fori_loop(0, updates, lambda _, t: algo.train_iteration(t), ts), donate_argnums=0)
+    compiled = fn.lower(ts).compile()
+    box = {"ts": ts}
+
+    def step() -> None:
+        box["ts"] = jax.block_until_ready(compiled(box["ts"]))
+
+    return step
+
+
+# ---------------------------------------------------------------- IMPALA vs PPO (both tide) on CartPole-v1
+IMPALA_VS_PPO = dict(env="CartPole-v1", num_envs=16, num_steps=32, updates_per_iteration=50, lr=1e-3)
+
+
+def impala_or_ppo_engine(algorithm: str, seed: int = 0, total_updates: int = 10_000):
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.engine import Engine
+
+    extra = {"impala": {"lag": 1, "minibatches": 4}} if algorithm == "impala" else {}
+    cfg = JaxConfig(algorithm=algorithm, **IMPALA_VS_PPO, compilation_cache_dir=None, **extra)
+    return Engine(cfg, total_updates=total_updates, seed=seed, devices=1)
+
+
+def impala_or_ppo_solve(algorithm: str, seed: int, chunks: int = 40) -> tuple[float | None, int | None]:
+    """(wall seconds, env steps) until a chunk's mean training return reaches 475; compile included."""
+    from trainer.jax.engine import summarize
+
+    t0 = time.perf_counter()
+    engine = impala_or_ppo_engine(algorithm, seed, total_updates=chunks * IMPALA_VS_PPO["updates_per_iteration"])
+    state = engine.init_state()
+    for i in range(chunks):
+        state, metrics = engine.run_chunk(state)
+        ret = summarize(metrics)["episode_return_mean"]
+        if ret is not None and ret >= TARGET:
+            return time.perf_counter() - t0, (i + 1) * engine.steps_per_chunk
+    return None, None
 
 
 # ---------------------------------------------------------------- harness
@@ -375,6 +454,32 @@ def main() -> None:
     report.goal("steps_per_s_vs_rejax_8_seeds (one device each)", r1["ratio"], 1.2)
     print(f"8 seeds: ratio {r1['ratio']:.2f} on one device, {r['ratio']:.2f} with tide over {n_dev} devices",
           flush=True)
+
+    # SAC on Pendulum-v1, one device each
+    for n in (4,) if quick else (4, 64):
+        u = 512 if quick else 2_048  # updates (= gradient steps) per timed call
+        s = measure({"tide": (tide_sac_step(n, u), n * u), "rejax": (rejax_sac_step(n, u), n * u)}, repeats)
+        r = report.add(f"sac_pendulum_num_envs_{n}", "tide SAC", "rejax SAC", "env_steps_per_s", s["tide"]["wall"],
+                       s["rejax"]["wall"], gradient_steps_per_env_step=SAC_GRADIENT_STEPS / n)
+        report.add(f"sac_pendulum_num_envs_{n}_cpu", "tide SAC", "rejax SAC", "env_steps_per_cpu_s", s["tide"]["cpu"],
+                   s["rejax"]["cpu"])
+        report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
+        print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
+              f"ratio {r['ratio']:.2f}", flush=True)
+
+    # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
+    u = IMPALA_VS_PPO["updates_per_iteration"]
+    s = measure({"impala": (chunk_step(impala_or_ppo_engine("impala")), 16 * 32 * u),
+                 "ppo": (chunk_step(impala_or_ppo_engine("ppo")), 16 * 32 * u)}, repeats)
+    r = report.add("impala_vs_ppo_cartpole_steps_per_s", "tide IMPALA (lag 1, 4 learner steps)",
+                   "tide PPO (4 epochs x 4 minibatches)", "env_steps_per_s", s["impala"]["wall"], s["ppo"]["wall"])
+    solved = {a: [impala_or_ppo_solve(a, seed) for seed in (0, 1, 2)] for a in ("impala", "ppo")}
+    for i, what in enumerate(("seconds", "env_steps")):
+        a, b = ([math.inf if x[i] is None else x[i] for x in solved[k]] for k in ("impala", "ppo"))
+        report.add(f"impala_vs_ppo_cartpole_{what}_to_training_return_475", "tide IMPALA", "tide PPO",
+                   f"{what} until a chunk's mean training return >= 475 (inf = not within 40 chunks)", a, b,
+                   higher_is_better=False, seeds=[0, 1, 2])
+    print(f"IMPALA vs PPO: steps/s ratio {r['ratio']:.2f}; to 475: {solved}", flush=True)
 
     # wall seconds to mean return 475, compile included: seeds 0, 1, 2 per side (quick: no PyTorch)
     solve_seeds = (0, 1, 2)

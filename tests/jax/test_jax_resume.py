@@ -4,16 +4,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jax_helpers import TINY
+from jax_helpers import IMPALA_TINY, SAC_TINY, TINY
 
 pytestmark = pytest.mark.timeout(240, method="thread")
 
 
-def _cfg(name: str, run_dir, seeds: int):
+# SAC with prioritized replay and a buffer that wraps around during the run: the checkpoint must hold the
+# transitions, the write position and the sum tree for the resumed run to sample the same batches.
+VARIANTS = {
+    "ppo_one_seed": {**TINY, "seeds": 1},
+    "ppo_two_seeds_two_devices": {**TINY, "seeds": 2},
+    "sac_prioritized_two_seeds": {**SAC_TINY, "seeds": 2, "sac": {**SAC_TINY["sac"], "prioritized": True}},
+    "impala": IMPALA_TINY,
+}
+
+
+def _cfg(name: str, run_dir, variant: str):
     from orchestrator.config import parse_config
 
     return parse_config({"name": name, "engine": "jax", "seed": 3, "iterations": 4, "save_every": 2,
-                         "keep_checkpoints": 3, "run_dir": str(run_dir), "jax": {**TINY, "seeds": seeds}})
+                         "keep_checkpoints": 3, "run_dir": str(run_dir), "jax": VARIANTS[variant]})
 
 
 def _final_state(cfg, run):
@@ -25,7 +35,7 @@ def _final_state(cfg, run):
 
 
 # Two seeds take both of the test process's host devices: the checkpoint gathers them, resume re-spreads them.
-@pytest.fixture(scope="module", params=[1, 2], ids=["one_seed", "two_seeds_two_devices"])
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def runs(request, tmp_path_factory):
     from orchestrator.jax_loop import run_jax
     from orchestrator.rundir import RunDir
@@ -62,10 +72,16 @@ def test_resume_is_exact(runs):
     assert [m["iteration"] for m in before] == [1, 2, 3]
     assert [m["iteration"] for m in cut.metrics()] == [1, 2, 3, 4]  # iteration 3 recorded once
     a, b = _final_state(cfg, full), _final_state(cfg, cut)
-    assert len(a.params.sharding.device_set) == cfg.jax.seeds  # one seed per device
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert len(jax.tree.leaves(a.params)[0].sharding.device_set) == cfg.jax.seeds  # one seed per device
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    if cfg.jax.algorithm == "sac":  # the buffer wrapped around and is part of what was compared
+        assert int(np.asarray(a.env_steps).min()) > cfg.jax.sac.buffer_size
+        assert np.asarray(a.buffer.is_full).all()
     # the resumed run's iteration 3 and 4 metrics equal the uninterrupted run's
+    loss = {"ppo": "pg_loss", "impala": "pg_loss", "sac": "critic_loss"}[cfg.jax.algorithm]
     for m_full, m_cut in zip(full.metrics()[2:], cut.metrics()[2:]):
         assert m_full["episode_return_mean"] == m_cut["episode_return_mean"]
-        assert m_full["pg_loss"] == m_cut["pg_loss"]
+        assert m_full[loss] == m_cut[loss]

@@ -63,14 +63,47 @@ class GymnaxEnv:
         return obs, state, reward.astype(jnp.float32), terminated, truncated
 
 
-def make_env(name: str) -> Environment:
+class BraxEnv:
+    """Adapts a Brax environment (`brax.envs.get_environment`; its physics backend is a keyword, `backend`). Brax
+    reports only the task's end (`done`); the time limit is counted here (`episode_length` steps, Brax's
+    training default 1000) and reported as truncation."""
+
+    def __init__(self, name: str, episode_length: int = 1000, **env_kwargs: Any) -> None:
+        from brax import envs as brax_envs
+
+        if name not in brax_envs._envs:  # noqa: SLF001  (brax lists its registry nowhere else)
+            raise ValueError(f"unknown Brax environment {name!r}; known: {', '.join(sorted(brax_envs._envs))}")
+        self.name = name
+        self.episode_length = episode_length
+        self._env = brax_envs.get_environment(name, **env_kwargs)
+        self.observation_shape = (int(self._env.observation_size),)
+        # Brax actuators take actions in [-1, 1]
+        self.action_space: Discrete | Box = Box((int(self._env.action_size),), -1.0, 1.0)
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        state = self._env.reset(key)
+        return state.obs, (state, jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        brax_state, t = state
+        nxt = self._env.step(brax_state, action)
+        t = t + 1
+        reward, done = jnp.asarray(nxt.reward, jnp.float32), jnp.asarray(nxt.done) > 0
+        nxt = nxt.replace(reward=reward, done=jnp.asarray(nxt.done, jnp.float32))  # reset's dtypes, for jnp.where
+        return nxt.obs, (nxt, t), reward, done, t >= self.episode_length
+
+
+def make_env(name: str, **env_kwargs: Any) -> Environment:
+    """A gymnax id, "brax/<name>", or "package.module:factory" (factory(**env_kwargs) returns an Environment)."""
+    if name.startswith("brax/"):
+        return BraxEnv(name.removeprefix("brax/"), **env_kwargs)
     if ":" in name:
         module, factory = name.split(":", 1)
-        env = getattr(importlib.import_module(module), factory)()
+        env = getattr(importlib.import_module(module), factory)(**env_kwargs)
         if not isinstance(env, Environment):
             raise TypeError(f"{name} did not return a trainer.jax.envs.Environment")
         return env
-    return GymnaxEnv(name)
+    return GymnaxEnv(name, **env_kwargs)
 
 
 class EnvSlot(NamedTuple):

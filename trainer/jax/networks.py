@@ -1,12 +1,14 @@
-"""Flax MLP actor-critic: separate actor and critic torsos (PPO's usual choice), orthogonal init."""
+"""Flax MLPs: the actor-critic of PPO and IMPALA (separate actor and critic torsos, orthogonal init), and SAC's
+tanh-squashed Gaussian actor and twin Q critics."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from trainer.jax.distributions import Categorical, DiagNormal
 
@@ -38,3 +40,65 @@ class ActorCritic(nn.Module):
         if self.discrete:
             return Categorical(out), value
         return DiagNormal(out, self.param("log_std", nn.initializers.zeros, (self.action_dim,))), value
+
+
+class FlatActorCritic:
+    """An ActorCritic whose parameters live as one flat vector: the optimizer (norm clipping, Adam) is then a
+    handful of ops per step instead of a handful per parameter leaf."""
+
+    def __init__(self, network: ActorCritic, observation_shape: tuple[int, ...]) -> None:
+        self.network = network
+        self._dummy = jnp.zeros(observation_shape, jnp.float32)
+        shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), self._dummy)
+        _, self.unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+        # Initialised outside any vmap: orthogonal init (a batched LAPACK QR) inside a vmapped jit can deadlock
+        # jaxlib's CPU thread pool (FEASIBILITY, JAX).
+        self._init = jax.jit(network.init)
+
+    def init(self, key: jax.Array) -> jax.Array:
+        return ravel_pytree(self._init(key, self._dummy))[0]
+
+    def apply(self, flat: jax.Array, obs: jax.Array):
+        return self.network.apply(self.unravel(flat), obs)
+
+    def tree(self, flat: jax.Array) -> Any:
+        return self.unravel(flat)
+
+
+def _mlp(x: jax.Array, hidden_sizes: Sequence[int], activation: str, prefix: str) -> jax.Array:
+    act = _activation(activation)
+    for i, h in enumerate(hidden_sizes):
+        x = act(nn.Dense(h, name=f"{prefix}_{i}")(x))
+    return x
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's policy: a Gaussian over pre-squash actions u, the action a = tanh(u) in [-1, 1]^d (the engine scales
+    it to the env's bounds); log_std clipped to [log_std_min, log_std_max] (Haarnoja et al. 2018, appendix C)."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = _mlp(obs.astype(jnp.float32), self.hidden_sizes, self.activation, "actor")
+        mean = nn.Dense(self.action_dim, name="mean")(x)
+        log_std = jnp.clip(nn.Dense(self.action_dim, name="log_std")(x), self.log_std_min, self.log_std_max)
+        return mean, log_std
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) MLPs (clipped double Q: Fujimoto et al. 2018, used by SAC); returns [2, ...]."""
+
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
+        qs = [nn.Dense(1, name=f"q{i}_out")(_mlp(x, self.hidden_sizes, self.activation, f"q{i}"))[..., 0]
+              for i in range(2)]
+        return jnp.stack(qs)

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import optax
 
 from trainer.jax import shuffle
+from trainer.jax.algorithm import make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
-from trainer.jax.distributions import Categorical, DiagNormal
-from trainer.jax.envs import Box, EnvSlot, Environment, auto_reset_step
+from trainer.jax.envs import Discrete, EnvSlot, Environment
+from trainer.jax.networks import ActorCritic, FlatActorCritic
 
 
 # Minibatches larger than this are differentiated in chunks of this many rows. Measured against rejax on
@@ -47,7 +48,7 @@ class UpdateMetrics(NamedTuple):
     episodes: jax.Array
     length_sum: jax.Array
     pg_loss: jax.Array
-    v_loss: jax.Array
+    value_loss: jax.Array
     entropy: jax.Array
     approx_kl: jax.Array
     clip_frac: jax.Array
@@ -90,12 +91,47 @@ def clipped_losses(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, value: 
 
 
 def make_optimizer(cfg: JaxConfig, total_updates: int) -> optax.GradientTransformation:
-    if cfg.anneal_lr:
-        steps = max(total_updates, 1) * cfg.epochs * cfg.minibatches
-        lr: float | Callable = optax.linear_schedule(cfg.lr, 0.0, steps)
-    else:
-        lr = cfg.lr
+    return clipped_adam(cfg, max(total_updates, 1) * cfg.epochs * cfg.minibatches)
+
+
+def clipped_adam(cfg: JaxConfig, optimizer_steps: int) -> optax.GradientTransformation:
+    """Adam after global-norm clipping; the learning rate decays linearly to 0 over `optimizer_steps` if annealed."""
+    lr: float | Callable = optax.linear_schedule(cfg.lr, 0.0, optimizer_steps) if cfg.lr_annealed else cfg.lr
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+
+def actor_critic(cfg: JaxConfig, env: Environment) -> FlatActorCritic:
+    space = env.action_space
+    discrete = isinstance(space, Discrete)
+    network = ActorCritic(action_dim=space.n if discrete else math.prod(space.shape), discrete=discrete,
+                          hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
+                          obs_rank=len(env.observation_shape))
+    return FlatActorCritic(network, env.observation_shape)
+
+
+class PPO:
+    """Proximal policy optimisation (Schulman et al. 2017, "Proximal Policy Optimization Algorithms"), with the
+    clipped value loss and advantage normalisation of its released implementation."""
+
+    def __init__(self, cfg: JaxConfig, env: Environment, total_updates: int) -> None:
+        self.cfg, self.env = cfg, env
+        self.agent = actor_critic(cfg, env)
+        self.tx = make_optimizer(cfg, total_updates)
+
+    def init_seed(self, key: jax.Array) -> RunnerState:
+        cfg = self.cfg
+        k_params, k_shards = jax.random.split(key)
+        params = self.agent.init(k_params)
+        slot, obs, keys = reset_shards(self.env, k_shards, cfg.shards, cfg.num_envs // cfg.shards)
+        return RunnerState(replicate(params, cfg.shards), replicate(self.tx.init(params), cfg.shards), slot, obs,
+                           keys, jnp.zeros((cfg.shards,), jnp.int32))
+
+    def make_update(self, axes: Sequence[str]):
+        return make_update(self.cfg, self.env, self.agent.apply, self.tx, axes)
+
+    def params_tree(self, state: RunnerState, seed: int = 0) -> Any:
+        """One seed's parameters as the Flax variable tree (shard 0; all shards hold the same)."""
+        return self.agent.tree(jnp.asarray(jax.device_get(state.params)[seed, 0]))
 
 
 def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.GradientTransformation,
@@ -106,36 +142,10 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
     n_envs = cfg.num_envs // cfg.shards
     batch = n_envs * cfg.num_steps
     mb_size = batch // cfg.minibatches
-    space = env.action_space
-    box = space if isinstance(space, Box) else None
-    dist_cls = DiagNormal if box else Categorical
-    action_dim = math.prod(box.shape) if box else space.n
-    step_env = jax.vmap(lambda ks, kr, s, a: auto_reset_step(env, ks, kr, s, a))
+    rollout = make_policy_rollout(cfg, env, apply_fn, n_envs)
 
     def pmean(x):
         return jax.lax.pmean(x, axes) if axes else x
-
-    def rollout_step(carry, xs):
-        params, slot, obs = carry
-        noise, k_step, k_reset = xs
-        # Only the policy runs per step (XLA drops the unused critic); values come after the loop.
-        dist, _ = apply_fn(params, obs)
-        action = dist.sample_with(noise)
-        logp = dist.log_prob(action)
-        env_action = jnp.clip(action, box.low, box.high).reshape((n_envs,) + box.shape) if box else action
-        out = step_env(k_step, k_reset, slot, env_action)
-        trans = Transition(obs, action, logp, None, out.reward, out.done)
-        return (params, out.slot, out.obs), (trans, out.finished_return, out.finished_length, out.truncated,
-                                             out.final_obs)
-
-    def rollout(params, slot, obs, key):
-        # All randomness of the rollout is drawn up front in a few large ops, so the loop body
-        # (where XLA:CPU time is mostly per-op overhead) holds none.
-        k_noise, k_env = jax.random.split(key)
-        noise = dist_cls.noise(k_noise, (cfg.num_steps, n_envs), action_dim)
-        env_keys = jax.random.split(k_env, (cfg.num_steps, 2, n_envs))
-        return jax.lax.scan(rollout_step, (params, slot, obs), (noise, env_keys[:, 0], env_keys[:, 1]),
-                            unroll=cfg.scan_unroll)
 
     def loss_fn(params, mb: Transition, adv: jax.Array, target: jax.Array):
         dist, value = apply_fn(params, mb.obs)
@@ -187,8 +197,9 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
 
     def update(rs: RunnerState, _=None) -> tuple[RunnerState, UpdateMetrics]:
         key, k_rollout = jax.random.split(rs.key)
-        (params, slot, obs), (traj, fin_ret, fin_len, truncated, final_obs) = rollout(rs.params, rs.slot, rs.obs,
-                                                                                       k_rollout)
+        params = rs.params
+        (slot, obs), steps = rollout(params, rs.slot, rs.obs, k_rollout)
+        traj = Transition(steps.obs, steps.action, steps.logp, None, steps.reward, steps.done)
         # The critic runs over the rollout after it, in large row chunks: inside the loop it sat on the
         # critical path in tiny GEMMs (8% of an update at 4 envs, 10% at 8 seeds x 4 envs).
         steps_per_chunk = max(1, min(cfg.num_steps, CRITIC_CHUNK_ROWS // n_envs))
@@ -199,13 +210,14 @@ def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.
         traj, last_value = traj._replace(value=critic(traj.obs)), apply_fn(params, obs)[1]
         # Episodes cut by a time limit bootstrap from their last observation's value (truncation is not the
         # task's end); one more critic pass, over the observations each step produced before any reset.
-        end_values = jnp.where(truncated, critic(final_obs), 0.0)
+        end_values = jnp.where(steps.truncated, critic(steps.final_obs), 0.0)
         adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda, end_values)
         flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
         (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
         pg, vl, ent, kl, cf = (jnp.mean(a) for a in aux)
         done = traj.done
-        metrics = UpdateMetrics(jnp.sum(fin_ret), jnp.sum(done.astype(jnp.int32)), jnp.sum(fin_len), pg, vl, ent, kl, cf)
+        metrics = UpdateMetrics(jnp.sum(steps.finished_return), jnp.sum(done.astype(jnp.int32)),
+                                jnp.sum(steps.finished_length), pg, vl, ent, kl, cf)
         return RunnerState(params, opt_state, slot, obs, key, rs.update + 1), metrics
 
     return update

@@ -1,0 +1,123 @@
+"""What the engine needs from an RL algorithm (PPO, SAC, IMPALA), and the pieces they share.
+
+An algorithm works on one data shard of one seed: `init_seed` builds a seed's state with a leading [shards]
+axis (parameters identical on every shard, environments and RNG streams not), `make_update(axes)` returns one
+jittable update step that averages whatever it must over the named `axes` (the shards), and the update's
+metrics carry at least `return_sum`, `episodes` and `length_sum` (the episodes that finished during it); every
+other metric field is a scalar averaged over seeds, shards and updates by `summarize`."""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trainer.jax.config import JaxConfig
+from trainer.jax.distributions import Categorical, DiagNormal
+from trainer.jax.envs import Box, Environment, auto_reset_step, reset_slot
+
+
+class Algorithm(Protocol):
+    cfg: JaxConfig
+    env: Environment
+
+    def init_seed(self, key: jax.Array) -> Any: ...
+
+    def make_update(self, axes: Sequence[str]) -> Callable[[Any, Any], tuple[Any, Any]]: ...
+
+
+def make_algorithm(cfg: JaxConfig, env: Environment, total_updates: int) -> Algorithm:
+    if cfg.algorithm == "sac":
+        from trainer.jax.sac import SAC
+
+        return SAC(cfg, env, total_updates)
+    if cfg.algorithm == "impala":
+        from trainer.jax.impala import Impala
+
+        return Impala(cfg, env, total_updates)
+    from trainer.jax.ppo import PPO
+
+    return PPO(cfg, env, total_updates)
+
+
+def reset_shards(env: Environment, key: jax.Array, shards: int, envs_per_shard: int):
+    """Every shard's env slots, first observations and RNG key: (slot, obs, key), each [shards, ...]."""
+    def one(k):
+        k_reset, k_run = jax.random.split(k)
+        obs, slot = jax.vmap(lambda kk: reset_slot(env, kk))(jax.random.split(k_reset, envs_per_shard))
+        return slot, obs, k_run
+
+    return jax.jit(jax.vmap(one))(jax.random.split(key, shards))
+
+
+def replicate(tree: Any, shards: int) -> Any:
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (shards,) + jnp.shape(x)), tree)
+
+
+def summarize(metrics: Any) -> dict[str, Any]:
+    """Host-side reduction of one chunk's metrics (leaves [seeds, shards, updates])."""
+    m = jax.device_get(metrics)._asdict()
+    ret = np.asarray(m.pop("return_sum"), np.float64).sum(axis=(1, 2))
+    eps = np.asarray(m.pop("episodes")).sum(axis=(1, 2))
+    lens = np.asarray(m.pop("length_sum"), np.float64).sum(axis=(1, 2))
+    per_seed = np.where(eps > 0, ret / np.maximum(eps, 1), np.nan)
+    out: dict[str, Any] = {
+        "episode_return_mean": float(ret.sum() / eps.sum()) if eps.sum() else None,
+        "episode_length_mean": float(lens.sum() / eps.sum()) if eps.sum() else None,
+        "episodes": int(eps.sum()),
+        **{name: float(np.mean(value)) for name, value in m.items()},
+    }
+    if len(per_seed) > 1:
+        out["episode_return_mean_per_seed"] = [None if np.isnan(x) else float(x) for x in per_seed]
+    return out
+
+
+class PolicyStep(NamedTuple):
+    """One step of every env of a shard under a stochastic policy (time-major [T, envs, ...] after a rollout)."""
+    obs: jax.Array
+    action: jax.Array  # as sampled (Box: before clipping to the bounds)
+    logp: jax.Array  # of the acting policy
+    reward: jax.Array
+    done: jax.Array
+    truncated: jax.Array  # cut by the time limit, not ended by the task
+    final_obs: jax.Array  # the step's observation before any reset
+    finished_return: jax.Array
+    finished_length: jax.Array
+
+
+def make_policy_rollout(cfg: JaxConfig, env: Environment, apply_fn: Callable, n_envs: int) -> Callable:
+    """rollout(params, slot, obs, key) -> ((slot, obs), PolicyStep [num_steps, n_envs, ...]): the envs act with
+    `apply_fn(params, obs) -> (dist, value)`'s policy (PPO's and IMPALA's actors)."""
+    space = env.action_space
+    box = space if isinstance(space, Box) else None
+    dist_cls = DiagNormal if box else Categorical
+    action_dim = math.prod(box.shape) if box else space.n
+    step_env = jax.vmap(lambda ks, kr, s, a: auto_reset_step(env, ks, kr, s, a))
+
+    def rollout_step(carry, xs):
+        params, slot, obs = carry
+        noise, k_step, k_reset = xs
+        # Only the policy runs per step (XLA drops the unused critic)
+        dist, _ = apply_fn(params, obs)
+        action = dist.sample_with(noise)
+        env_action = jnp.clip(action, box.low, box.high).reshape((n_envs,) + box.shape) if box else action
+        out = step_env(k_step, k_reset, slot, env_action)
+        step = PolicyStep(obs, action, dist.log_prob(action), out.reward, out.done, out.truncated, out.final_obs,
+                          out.finished_return, out.finished_length)
+        return (params, out.slot, out.obs), step
+
+    def rollout(params, slot, obs, key):
+        # All randomness of the rollout is drawn up front in a few large ops, so the loop body
+        # (where XLA:CPU time is mostly per-op overhead) holds none.
+        k_noise, k_env = jax.random.split(key)
+        noise = dist_cls.noise(k_noise, (cfg.num_steps, n_envs), action_dim)
+        env_keys = jax.random.split(k_env, (cfg.num_steps, 2, n_envs))
+        (_, slot, obs), steps = jax.lax.scan(rollout_step, (params, slot, obs), (noise, env_keys[:, 0], env_keys[:, 1]),
+                                             unroll=cfg.scan_unroll)
+        return (slot, obs), steps
+
+    return rollout
