@@ -345,6 +345,39 @@ def rejax_sac_step(num_envs: int, updates: int):
     return step
 
 
+def sac_update_flops(num_envs: int) -> float:
+    """XLA's FLOP count of one tide SAC update with the bench's settings (one shard, one seed)."""
+    import jax
+
+    from trainer.jax.algorithm import make_algorithm
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.envs import make_env
+
+    cfg = JaxConfig(algorithm="sac", env="Pendulum-v1", num_envs=num_envs, num_steps=1, lr=SAC["lr"],
+                    hidden_sizes=list(SAC["hidden"]), activation="relu",
+                    sac=dict(batch_size=SAC["batch_size"], learning_starts=0, gradient_steps=SAC_GRADIENT_STEPS))
+    algo = make_algorithm(cfg, make_env("Pendulum-v1"), 1)
+    state = jax.tree.map(lambda x: x[0], algo.init_seed(jax.random.PRNGKey(0)))
+    cost = jax.jit(algo.make_update(())).lower(state).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"])
+
+
+def matmul_chain_gflops(rows: int, width: int, length: int = 5_000) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a, w = jnp.ones((rows, width)), jnp.full((width, width), 1e-3)
+    f = jax.jit(lambda a, w: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length)[0]).lower(a, w).compile()
+    f(a, w).block_until_ready()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        f(a, w).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 2 * rows * width * width * length / statistics.median(times) / 1e9
+
+
 # ---------------------------------------------------------------- IMPALA vs PPO (both tide) on CartPole-v1
 IMPALA_VS_PPO = dict(env="CartPole-v1", num_envs=16, num_steps=32, updates_per_iteration=50, lr=1e-3)
 
@@ -456,6 +489,7 @@ def main() -> None:
           flush=True)
 
     # SAC on Pendulum-v1, one device each
+    sac_efficiency: dict = {}
     for n in (4,) if quick else (4, 64):
         u = 512 if quick else 2_048  # updates (= gradient steps) per timed call
         s = measure({"tide": (tide_sac_step(n, u), n * u), "rejax": (rejax_sac_step(n, u), n * u)}, repeats)
@@ -464,8 +498,21 @@ def main() -> None:
         report.add(f"sac_pendulum_num_envs_{n}_cpu", "tide SAC", "rejax SAC", "env_steps_per_cpu_s", s["tide"]["cpu"],
                    s["rejax"]["cpu"])
         report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
+        # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate,
+        # beside the rate this CPU reaches on a chain of the update's largest matmul shape alone.
+        flops = sac_update_flops(n)
+        sac_efficiency[f"num_envs_{n}"] = {
+            "mflops_per_update": flops / 1e6,
+            "tide_gflops_per_s": flops * r["contender_median"] / n / 1e9,
+            "rejax_gflops_per_s": flops * r["baseline_median"] / n / 1e9}
         print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
-              f"ratio {r['ratio']:.2f}", flush=True)
+              f"ratio {r['ratio']:.2f}; {sac_efficiency[f'num_envs_{n}']}", flush=True)
+    sac_efficiency["matmul_chain_gflops_per_s"] = matmul_chain_gflops(SAC["batch_size"], SAC["hidden"][0])
+    report.note("sac_compute", {**sac_efficiency, "what": (
+        "FLOPs of one SAC update (num_envs env steps + 1 gradient step; XLA cost analysis of tide's update) times "
+        "each side's updates per second, against the GFLOP/s of a chain of [batch, hidden] x [hidden, hidden] "
+        "matmuls (the update's largest GEMM shape) measured in the same run: where both sides run near that "
+        "rate, neither can be much faster without changing the math")})
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]
