@@ -51,6 +51,10 @@ def test_soft_target_and_losses_by_hand():
     np.testing.assert_allclose(critic_loss(qs, y, jnp.array([1.0, 0.0])), 0.2549 / 2, rtol=1e-5)
     # alpha log pi - min Q: (.2 * -1 - 3) and (.2 * .3 - -2.5) -> mean (-3.2 + 2.56) / 2
     np.testing.assert_allclose(actor_loss(next_logp, qs, jnp.asarray(0.2)), (-3.2 + 2.56) / 2, rtol=1e-6)
+    # a masked-out state (an empty replay slot drawn) does not count
+    np.testing.assert_allclose(actor_loss(next_logp, qs, jnp.asarray(0.2), jnp.array([1.0, 0.0])), -3.2, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(temperature_loss)(jnp.asarray(0.3), next_logp, -1.0, jnp.array([0.0, 1.0])),
+                               -(0.3 - 1.0), rtol=1e-6)
     # -log alpha * mean(log pi + target): log pi mean -.35, target -1 -> 1.35 log alpha; gradient 1.35
     assert float(temperature_loss(jnp.asarray(0.0), next_logp, -1.0)) == 0.0
     np.testing.assert_allclose(jax.grad(temperature_loss)(jnp.asarray(0.3), next_logp, -1.0), 1.35, rtol=1e-6)

@@ -101,14 +101,20 @@ def critic_loss(qs: jax.Array, target: jax.Array, weights: jax.Array) -> jax.Arr
     return jnp.mean(weights * jnp.sum(0.5 * (qs - target) ** 2, axis=0))
 
 
-def actor_loss(logp: jax.Array, qs: jax.Array, alpha: jax.Array) -> jax.Array:
-    """E[alpha log pi(a|s) - min_i Q_i(s, a)], a ~ pi(.|s) reparameterised (eq. 7 with clipped double Q)."""
-    return jnp.mean(alpha * logp - jnp.min(qs, axis=0))
+def _mean(x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    return jnp.mean(x) if mask is None else jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def temperature_loss(log_alpha: jax.Array, logp: jax.Array, target_entropy: float) -> jax.Array:
+def actor_loss(logp: jax.Array, qs: jax.Array, alpha: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """E[alpha log pi(a|s) - min_i Q_i(s, a)], a ~ pi(.|s) reparameterised (eq. 7 with clipped double Q); the mean
+    over the batch's states where `mask` (1/0) is 1."""
+    return _mean(alpha * logp - jnp.min(qs, axis=0), mask)
+
+
+def temperature_loss(log_alpha: jax.Array, logp: jax.Array, target_entropy: float,
+                     mask: jax.Array | None = None) -> jax.Array:
     """-log alpha * E[log pi(a|s) + target entropy] (eq. 18 on log alpha); logp is a constant here."""
-    return -log_alpha * jnp.mean(jax.lax.stop_gradient(logp) + target_entropy)
+    return -log_alpha * _mean(jax.lax.stop_gradient(logp) + target_entropy, mask)
 
 
 def importance_weights(probabilities: jax.Array, size: jax.Array, beta: jax.Array) -> jax.Array:
@@ -233,8 +239,9 @@ class SAC:
                 # updates). Such a draw gets weight 0 and keeps priority 0.
                 valid = sample.probabilities > 0
                 weights = importance_weights(jnp.where(valid, sample.probabilities, 1.0), size, beta) * valid
+                states = valid.astype(jnp.float32)  # the actor and temperature losses skip such draws too
             else:
-                weights = jnp.ones_like(mb.reward)
+                weights, states = jnp.ones_like(mb.reward), None
 
             next_action, next_logp = self.sample_action(params.actor, mb.next_obs, k_next)
             next_qs = self.q_values(params.target_critic, mb.next_obs, next_action)
@@ -250,13 +257,13 @@ class SAC:
 
             def pi_loss(actor_params):
                 action, logp = self.sample_action(actor_params, mb.obs, k_pi)
-                return actor_loss(logp, self.q_values(critic, mb.obs, action), alpha), logp
+                return actor_loss(logp, self.q_values(critic, mb.obs, action), alpha, states), logp
 
             (a_loss, logp), a_grad = jax.value_and_grad(pi_loss, has_aux=True)(params.actor)
             a_updates, a_opt = self.tx.update(pmean(a_grad), opt.actor, params.actor)
             actor = optax.apply_updates(params.actor, a_updates)
 
-            t_grad = jax.grad(temperature_loss)(params.log_alpha, logp, self.target_entropy)
+            t_grad = jax.grad(temperature_loss)(params.log_alpha, logp, self.target_entropy, states)
             t_updates, t_opt = self.tx.update(pmean(t_grad), opt.alpha, params.log_alpha)
             log_alpha = optax.apply_updates(params.log_alpha, t_updates)
 
