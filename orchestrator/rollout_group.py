@@ -6,6 +6,7 @@ iteration that engine had loaded, and the call it was serving runs again there; 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,11 +15,13 @@ from ray.exceptions import RayActorError
 
 from ckpt_transfer.manifest import Manifest
 from rollout.config import EngineConfig
+from rollout.engine_proc import pids_alive
 from rollout.samples import Samples
 from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
 
 log = logging.getLogger(__name__)
+ACTOR_EXIT_TIMEOUT_S = 30.0
 
 
 class RolloutGroup:
@@ -123,10 +126,25 @@ class RolloutGroup:
         return ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
 
     def shutdown(self) -> None:
+        """Stop every engine and end its actor; returns once the actors' processes on this node are gone (ray.kill
+        only asks: an inline engine's actor process is the engine, and it must not outlive the run)."""
+        here = ray.get_runtime_context().get_node_id()
+        local: list[int] = []
         for e in self.engines:
+            try:
+                node, pid = ray.get(e.process.remote(), timeout=10)
+                local += [pid] if node == here else []
+            except Exception:  # already dead
+                pass
             try:
                 ray.get(e.shutdown.remote(), timeout=120)
             except Exception:  # already dead: nothing of ours left inside it
                 pass
             ray.kill(e)
         self.engines = []
+        deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
+        while pids_alive(local) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if pids_alive(local):
+            log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill", pids_alive(local),
+                        ACTOR_EXIT_TIMEOUT_S)

@@ -336,6 +336,12 @@ class RolloutEngine:
         return {"mode": mode, "iteration": manifest.iteration, "bytes": nbytes,
                 "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
 
+    def process(self) -> tuple[str, int]:
+        """(Ray node id, pid) of this actor's own process, so that whoever kills the actor can wait for it."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
     def engine_pid(self) -> int:
         """The process that runs the engine core: this actor's own with an inline engine."""
         if self._llm is None:
