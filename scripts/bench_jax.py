@@ -235,7 +235,7 @@ def solve_tide(max_seconds: float, seed: int) -> float | None:
     @jax.jit
     def eval_fn(params, rng):
         def act(obs, key):
-            dist, _ = engine.algorithm.agent.network.apply(params, obs)
+            dist, _ = engine.algorithm.agent.module.apply(params, obs)
             return dist.sample(key)
 
         return evaluate(act, rng, rejax_env.env, rejax_env.env_params, 128,

@@ -65,7 +65,7 @@ class Impala:
                            replicate(history, cfg.shards), slot, obs, keys, jnp.zeros((cfg.shards,), jnp.int32))
 
     def params_tree(self, state: ImpalaState, seed: int = 0) -> Any:
-        return self.agent.tree(jnp.asarray(jax.device_get(state.params)[seed, 0]))
+        return self.agent.seed_tree(state.params, seed)
 
     def make_update(self, axes: Sequence[str]):
         cfg, imp, apply = self.cfg, self.imp, self.agent.apply

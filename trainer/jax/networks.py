@@ -42,27 +42,30 @@ class ActorCritic(nn.Module):
         return DiagNormal(out, self.param("log_std", nn.initializers.zeros, (self.action_dim,))), value
 
 
-class FlatActorCritic:
-    """An ActorCritic whose parameters live as one flat vector: the optimizer (norm clipping, Adam) is then a
-    handful of ops per step instead of a handful per parameter leaf."""
+class Flat:
+    """A Flax module whose parameters live as one flat vector: an optimizer (norm clipping, Adam), Polyak averaging
+    or a shard mean is then a handful of ops per step instead of a handful per parameter leaf. `dummy_inputs`:
+    one unbatched example of the module's inputs (shapes and dtypes only)."""
 
-    def __init__(self, network: ActorCritic, observation_shape: tuple[int, ...]) -> None:
-        self.network = network
-        self._dummy = jnp.zeros(observation_shape, jnp.float32)
-        shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), self._dummy)
+    def __init__(self, module: nn.Module, *dummy_inputs: jax.Array) -> None:
+        self.module = module
+        self._dummy = dummy_inputs
+        shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), *dummy_inputs)
         _, self.unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
         # Initialised outside any vmap: orthogonal init (a batched LAPACK QR) inside a vmapped jit can deadlock
         # jaxlib's CPU thread pool (FEASIBILITY, JAX).
-        self._init = jax.jit(network.init)
+        self._init = jax.jit(module.init)
 
     def init(self, key: jax.Array) -> jax.Array:
-        return ravel_pytree(self._init(key, self._dummy))[0]
+        return ravel_pytree(self._init(key, *self._dummy))[0]
 
-    def apply(self, flat: jax.Array, obs: jax.Array):
-        return self.network.apply(self.unravel(flat), obs)
+    def apply(self, flat: jax.Array, *inputs: jax.Array):
+        return self.module.apply(self.unravel(flat), *inputs)
 
-    def tree(self, flat: jax.Array) -> Any:
-        return self.unravel(flat)
+    def seed_tree(self, params: jax.Array, seed: int = 0) -> Any:
+        """One seed's parameters as the Flax variable tree, from an engine state's [seeds, shards, n] vectors
+        (shard 0: all shards hold the same)."""
+        return self.unravel(jnp.asarray(jax.device_get(params)[seed, 0]))
 
 
 def _mlp(x: jax.Array, hidden_sizes: Sequence[int], activation: str, prefix: str) -> jax.Array:

@@ -13,7 +13,7 @@ from trainer.jax import shuffle
 from trainer.jax.algorithm import make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
 from trainer.jax.envs import Discrete, EnvSlot, Environment
-from trainer.jax.networks import ActorCritic, FlatActorCritic
+from trainer.jax.networks import ActorCritic, Flat
 
 
 # Minibatches larger than this are differentiated in chunks of this many rows. Measured against rejax on
@@ -100,13 +100,13 @@ def clipped_adam(cfg: JaxConfig, optimizer_steps: int) -> optax.GradientTransfor
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
 
 
-def actor_critic(cfg: JaxConfig, env: Environment) -> FlatActorCritic:
+def actor_critic(cfg: JaxConfig, env: Environment) -> Flat:
     space = env.action_space
     discrete = isinstance(space, Discrete)
     network = ActorCritic(action_dim=space.n if discrete else math.prod(space.shape), discrete=discrete,
                           hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
                           obs_rank=len(env.observation_shape))
-    return FlatActorCritic(network, env.observation_shape)
+    return Flat(network, jnp.zeros(env.observation_shape, jnp.float32))
 
 
 class PPO:
@@ -131,7 +131,7 @@ class PPO:
 
     def params_tree(self, state: RunnerState, seed: int = 0) -> Any:
         """One seed's parameters as the Flax variable tree (shard 0; all shards hold the same)."""
-        return self.agent.tree(jnp.asarray(jax.device_get(state.params)[seed, 0]))
+        return self.agent.seed_tree(state.params, seed)
 
 
 def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.GradientTransformation,

@@ -24,14 +24,12 @@ from typing import Any, NamedTuple, Sequence
 import flashbax as fbx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 
 from trainer.jax.algorithm import replicate, reset_shards
 from trainer.jax.config import JaxConfig, SacConfig
 from trainer.jax.envs import Box, EnvSlot, Environment, auto_reset_step
-from trainer.jax.networks import SquashedGaussianActor, TwinQ
+from trainer.jax.networks import Flat, SquashedGaussianActor, TwinQ
 
 LOG2 = math.log(2.0)
 
@@ -141,16 +139,10 @@ class SAC:
         self.high = jnp.broadcast_to(jnp.asarray(space.high, jnp.float32), space.shape).reshape(-1)
         self.obs_size = math.prod(env.observation_shape)
         hidden = tuple(cfg.hidden_sizes)
-        self.actor = SquashedGaussianActor(self.action_dim, hidden, cfg.activation, self.sac.log_std_min,
-                                           self.sac.log_std_max)
-        self.critic = TwinQ(hidden, cfg.activation)
-        # Parameters live as flat vectors (one per network): Adam, Polyak averaging and the shard mean are then a
-        # few ops per gradient step instead of a few per parameter leaf (XLA:CPU time here is mostly per-op).
-        dummy_obs, dummy_action = jnp.zeros((self.obs_size,)), jnp.zeros((self.action_dim,))
-        self._actor_shapes = jax.eval_shape(self.actor.init, jax.random.PRNGKey(0), dummy_obs)
-        self._critic_shapes = jax.eval_shape(self.critic.init, jax.random.PRNGKey(0), dummy_obs, dummy_action)
-        self.unravel_actor = ravel_pytree(_zeros_like(self._actor_shapes))[1]
-        self.unravel_critic = ravel_pytree(_zeros_like(self._critic_shapes))[1]
+        dummy_obs, dummy_action = jnp.zeros((self.obs_size,), jnp.float32), jnp.zeros((self.action_dim,), jnp.float32)
+        self.actor = Flat(SquashedGaussianActor(self.action_dim, hidden, cfg.activation, self.sac.log_std_min,
+                                                self.sac.log_std_max), dummy_obs)
+        self.critic = Flat(TwinQ(hidden, cfg.activation), dummy_obs, dummy_action)
         steps = self.total_updates * self.sac.gradient_steps
         lr = optax.linear_schedule(cfg.lr, 0.0, steps) if cfg.lr_annealed else cfg.lr
         self.tx = optax.adam(lr)
@@ -176,11 +168,11 @@ class SAC:
         return scaled.reshape(action.shape[:-1] + self.env.action_space.shape)
 
     def q_values(self, critic_params: jax.Array, obs: jax.Array, action: jax.Array) -> jax.Array:
-        return self.critic.apply(self.unravel_critic(critic_params), obs, action)
+        return self.critic.apply(critic_params, obs, action)
 
     def sample_action(self, actor_params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """A reparameterised action in [-1, 1]^d and its log-probability."""
-        mean, log_std = self.actor.apply(self.unravel_actor(actor_params), obs)
+        mean, log_std = self.actor.apply(actor_params, obs)
         u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
         return jnp.tanh(u), squashed_log_prob(u, mean, log_std)
 
@@ -188,9 +180,8 @@ class SAC:
     def init_seed(self, key: jax.Array) -> SacState:
         cfg = self.cfg
         k_actor, k_critic, k_shards = jax.random.split(key, 3)
+        actor, critic = self.actor.init(k_actor), self.critic.init(k_critic)
         dummy_obs = jnp.zeros((self.obs_size,), jnp.float32)
-        actor = ravel_pytree(jax.jit(self.actor.init)(k_actor, dummy_obs))[0]
-        critic = ravel_pytree(jax.jit(self.critic.init)(k_critic, dummy_obs, jnp.zeros((self.action_dim,), jnp.float32)))[0]
         log_alpha = jnp.asarray(math.log(self.sac.init_alpha), jnp.float32)
         params = SacParams(actor, critic, critic, log_alpha)
         opt = SacOptState(self.tx.init(actor), self.tx.init(critic), self.tx.init(log_alpha))
@@ -308,12 +299,8 @@ class SAC:
 
     def policy_mean_action(self, actor_params: Any, obs: jax.Array) -> jax.Array:
         """The deterministic action (tanh of the mean) in the env's bounds, for evaluation."""
-        mean, _ = self.actor.apply(self.unravel_actor(actor_params), self._flatten_obs(obs))
+        mean, _ = self.actor.apply(actor_params, self._flatten_obs(obs))
         return self._to_env(jnp.tanh(mean))
-
-
-def _zeros_like(shapes: Any) -> Any:
-    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
 class Progress(NamedTuple):
