@@ -101,3 +101,23 @@ def test_user_environment_learns():
     _, _, summaries = _train(cfg, chunks=3)
     first, last = summaries[0]["episode_length_mean"], summaries[-1]["episode_length_mean"]
     assert last < first and summaries[-1]["episode_return_mean"] > 0.9  # walks right, fast
+
+
+def test_engine_lowering_unrolls_threefry_with_the_same_bits():
+    """The engine lowers jax.random's threefry unrolled (no while loop per draw on CPU); the draws are the bits
+    JAX's default lowering gives, and the default is untouched for everything else."""
+    from trainer.jax.lowering import lower
+
+    def draws(key):
+        a, b = jax.random.split(key)
+        return (jax.random.uniform(a, (7, 3)), jax.random.normal(b, (5,)), jax.random.randint(b, (4,), 0, 100),
+                jax.random.split(a, (3, 2)), jax.random.permutation(a, 10))
+
+    key = jax.random.PRNGKey(3)
+    default = jax.jit(draws).lower(key)
+    unrolled = lower(jax.jit(draws), key)
+    assert "stablehlo.while" in default.as_text()
+    assert "stablehlo.while" not in unrolled.as_text()
+    for x, y in zip(jax.tree.leaves(default.compile()(key)), jax.tree.leaves(unrolled.compile()(key))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert "stablehlo.while" in jax.jit(lambda k: draws(k)).lower(key).as_text()

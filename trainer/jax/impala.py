@@ -71,7 +71,7 @@ class Impala:
         cfg, imp, apply = self.cfg, self.imp, self.agent.apply
         axes = tuple(axes)
         n_envs = cfg.num_envs // cfg.shards
-        rollout = make_policy_rollout(cfg, self.env, apply, n_envs)
+        rollout = make_policy_rollout(cfg, self.env, self.agent, n_envs)
         envs_per_mb = n_envs // imp.minibatches
 
         def pmean(x):

@@ -127,22 +127,23 @@ class PPO:
                            keys, jnp.zeros((cfg.shards,), jnp.int32))
 
     def make_update(self, axes: Sequence[str]):
-        return make_update(self.cfg, self.env, self.agent.apply, self.tx, axes)
+        return make_update(self.cfg, self.env, self.agent, self.tx, axes)
 
     def params_tree(self, state: RunnerState, seed: int = 0) -> Any:
         """One seed's parameters as the Flax variable tree (shard 0; all shards hold the same)."""
         return self.agent.seed_tree(state.params, seed)
 
 
-def make_update(cfg: JaxConfig, env: Environment, apply_fn: Callable, tx: optax.GradientTransformation,
+def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.GradientTransformation,
                 axes: Sequence[str]) -> Callable[[RunnerState], tuple[RunnerState, UpdateMetrics]]:
-    """One PPO update on one shard; `apply_fn(params, obs) -> (dist, value)`. `axes`: named axes over which gradients and advantage statistics
-    are averaged (the shards); empty for a single shard."""
+    """One PPO update on one shard; `agent.apply(params, obs) -> (dist, value)`. `axes`: named axes over which
+    gradients and advantage statistics are averaged (the shards); empty for a single shard."""
     axes = tuple(axes)
+    apply_fn = agent.apply
     n_envs = cfg.num_envs // cfg.shards
     batch = n_envs * cfg.num_steps
     mb_size = batch // cfg.minibatches
-    rollout = make_policy_rollout(cfg, env, apply_fn, n_envs)
+    rollout = make_policy_rollout(cfg, env, agent, n_envs)
 
     def pmean(x):
         return jax.lax.pmean(x, axes) if axes else x
