@@ -212,3 +212,44 @@ def test_permutation_falls_back_beyond_its_index_bits(monkeypatch):
     monkeypatch.setattr(shuffle, "_MAX_INDEX_BITS", 4)
     perm = np.asarray(shuffle.permutation(jax.random.PRNGKey(3), 100))
     np.testing.assert_array_equal(perm, np.asarray(jax.random.permutation(jax.random.PRNGKey(3), 100)))
+
+
+@pytest.mark.parametrize("steps,limit", [(128, 500), (16, 5), (12, 4), (9, 9)])
+def test_cut_values_with_a_time_limit_equal_the_full_pass(steps, limit):
+    """cut_values evaluates only the (at most ceil(T / L)) cut steps per env; where cuts are at least L apart, as
+    a time limit L makes them, the result is the full pass's, value for value."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer.jax.algorithm import cut_values
+
+    rng = np.random.default_rng(steps * 31 + limit)
+    n = 6
+    truncated = np.zeros((steps, n), bool)
+    for env in range(n):  # cuts L or more steps apart, starting anywhere (the episode may predate the rollout)
+        t = int(rng.integers(0, limit + 3))
+        while t < steps:
+            truncated[t, env] = True
+            t += limit + int(rng.integers(0, 3))
+    truncated[:, 0] = False  # one env never cut
+    final_obs = jnp.asarray(rng.normal(size=(steps, n, 3)), jnp.float32)
+    calls = []
+
+    def value_fn(obs):
+        calls.append(obs.shape)
+        return jnp.sum(obs * jnp.array([1.0, -2.0, 0.5]), axis=-1)
+
+    full = cut_values(value_fn, jnp.asarray(truncated), final_obs, None)
+    cut = jax.jit(lambda t, o: cut_values(value_fn, t, o, limit))(jnp.asarray(truncated), final_obs)
+    np.testing.assert_array_equal(np.asarray(cut), np.asarray(full))
+    assert np.count_nonzero(np.asarray(full)) == np.count_nonzero(truncated)
+    assert calls[0] == (steps, n, 3)
+    assert calls[1] == (math.ceil(steps / limit), n, 3)  # only the steps that can have been cut
+
+
+def test_gymnax_and_brax_envs_declare_their_time_limit():
+    from trainer.jax.envs import make_env
+
+    assert make_env("CartPole-v1").max_episode_steps == 500
+    assert make_env("Pendulum-v1").max_episode_steps == 200
+    assert make_env("brax/inverted_pendulum", episode_length=300).max_episode_steps == 300

@@ -90,6 +90,27 @@ class PolicyStep(NamedTuple):
     finished_length: jax.Array
 
 
+def cut_values(value_fn: Callable, truncated: jax.Array, final_obs: jax.Array,
+               max_episode_steps: int | None) -> jax.Array:
+    """The value of the last observation where a time limit cut the episode, 0 elsewhere: [T, n] from time-major
+    `truncated` [T, n] and `final_obs` [T, n, ...]; value_fn maps [k, n, ...] observations to [k, n] values.
+
+    With the env's time limit L known, one env can be cut at most ceil(T / L) times in T steps (cuts are L steps
+    apart), so per env only that many observations, gathered from the steps it was cut at, go through the critic,
+    instead of all T (at 8 seeds x 4 envs on CartPole, T = 128 and L = 500, the full pass was 8% of an update)."""
+    steps, n = truncated.shape
+    if max_episode_steps is None or -(-steps // max_episode_steps) >= steps:
+        return jnp.where(truncated, value_fn(final_obs), 0.0)
+    k = -(-steps // max_episode_steps)
+    # per env, the (at most k) cut steps first: top_k over the flags, ties broken towards earlier steps
+    flags = truncated.T.astype(jnp.int32)  # [n, T]
+    _, index = jax.lax.top_k(flags, k)  # [n, k]
+    cut = jnp.take_along_axis(flags, index, axis=1) > 0
+    values = value_fn(final_obs[index.T, jnp.arange(n)])  # [k, n]
+    at = (index.T[:, None, :] == jnp.arange(steps)[None, :, None]) & cut.T[:, None, :]  # [k, T, n]
+    return jnp.sum(jnp.where(at, values[:, None, :], 0.0), axis=0)
+
+
 def make_policy_rollout(cfg: JaxConfig, env: Environment, agent: Flat, n_envs: int) -> Callable:
     """rollout(params, slot, obs, key) -> ((slot, obs), PolicyStep [num_steps, n_envs, ...]): the envs act with the
     policy of `agent.apply(params, obs) -> (dist, value)` (PPO's and IMPALA's actors), `params` its flat vector."""

@@ -28,6 +28,10 @@ class Environment(Protocol):
 
     reset(key) -> (obs, state); step(key, state, action) -> (obs, state, reward, terminated, truncated).
     All functions must be jittable and vmappable; `state` is any pytree.
+
+    Optional attribute `max_episode_steps: int`: the time limit, if the env truncates an episode only once it
+    has lasted that many steps (so two truncations of one env are at least that many steps apart). With it, PPO
+    and IMPALA evaluate the critic only at the few steps a rollout can have cut (`cut_values`).
     """
 
     observation_shape: tuple[int, ...]
@@ -47,6 +51,9 @@ class GymnaxEnv:
 
         self.name = name
         self._env, self._params = gymnax.make(name, **env_kwargs)
+        # gymnax's is_truncated: the episode's step count (0 at reset) reached params.max_steps_in_episode
+        limit = getattr(self._params, "max_steps_in_episode", None)
+        self.max_episode_steps = int(limit) if limit is not None else None
         self.observation_shape = tuple(self._env.observation_space(self._params).shape)
         space = self._env.action_space(self._params)
         if isinstance(space, spaces.Discrete):
@@ -74,7 +81,7 @@ class BraxEnv:
         if name not in brax_envs._envs:  # noqa: SLF001  (brax lists its registry nowhere else)
             raise ValueError(f"unknown Brax environment {name!r}; known: {', '.join(sorted(brax_envs._envs))}")
         self.name = name
-        self.episode_length = episode_length
+        self.episode_length = self.max_episode_steps = episode_length
         self._env = brax_envs.get_environment(name, **env_kwargs)
         self.observation_shape = (int(self._env.observation_size),)
         # Brax actuators take actions in [-1, 1]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.jax.algorithm import PolicyStep, make_policy_rollout, replicate, reset_shards
+from trainer.jax.algorithm import PolicyStep, cut_values, make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
 from trainer.jax.envs import EnvSlot, Environment
 from trainer.jax.ppo import actor_critic, clipped_adam
@@ -83,7 +83,8 @@ class Impala:
             const = jax.lax.stop_gradient
             bootstrap = const(apply(params, last_obs)[1])
             # A time-limit cut: the TD error bootstraps from the last observation's value, and the trace stops.
-            end_value = jnp.where(traj.truncated, const(apply(params, traj.final_obs)[1]), 0.0)
+            end_value = cut_values(lambda o: const(apply(params, o)[1]), traj.truncated, traj.final_obs,
+                                   getattr(self.env, "max_episode_steps", None))
             rewards = traj.reward + cfg.gamma * end_value
             discounts = cfg.gamma * (1.0 - traj.done.astype(jnp.float32))
             log_rhos = const(logp) - traj.logp  # traj.logp: the behaviour policy's

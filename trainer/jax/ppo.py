@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from trainer.jax import shuffle
-from trainer.jax.algorithm import make_policy_rollout, replicate, reset_shards
+from trainer.jax.algorithm import cut_values, make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
 from trainer.jax.envs import Discrete, EnvSlot, Environment
 from trainer.jax.networks import ActorCritic, Flat
@@ -144,6 +144,7 @@ def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.Gradien
     batch = n_envs * cfg.num_steps
     mb_size = batch // cfg.minibatches
     rollout = make_policy_rollout(cfg, env, agent, n_envs)
+    env_limit = getattr(env, "max_episode_steps", None)
 
     def pmean(x):
         return jax.lax.pmean(x, axes) if axes else x
@@ -210,8 +211,8 @@ def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.Gradien
 
         traj, last_value = traj._replace(value=critic(traj.obs)), apply_fn(params, obs)[1]
         # Episodes cut by a time limit bootstrap from their last observation's value (truncation is not the
-        # task's end); one more critic pass, over the observations each step produced before any reset.
-        end_values = jnp.where(steps.truncated, critic(steps.final_obs), 0.0)
+        # task's end): the critic over the observations the cut steps produced before their reset.
+        end_values = cut_values(critic, steps.truncated, steps.final_obs, env_limit)
         adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda, end_values)
         flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
         (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
