@@ -345,8 +345,8 @@ def rejax_sac_step(num_envs: int, updates: int):
     return step
 
 
-def sac_update_flops(num_envs: int) -> float:
-    """XLA's FLOP count of one tide SAC update with the bench's settings (one shard, one seed)."""
+def _tide_sac_update(num_envs: int):
+    """tide's SAC update with the bench's settings (one shard, one seed, past learning_starts) and its state."""
     import jax
 
     from trainer.jax.algorithm import make_algorithm
@@ -357,10 +357,56 @@ def sac_update_flops(num_envs: int) -> float:
                     hidden_sizes=list(SAC["hidden"]), activation="relu",
                     sac=dict(batch_size=SAC["batch_size"], learning_starts=0, gradient_steps=SAC_GRADIENT_STEPS))
     algo = make_algorithm(cfg, make_env("Pendulum-v1"), 1)
-    state = jax.tree.map(lambda x: x[0], algo.init_seed(jax.random.PRNGKey(0)))
-    cost = jax.jit(algo.make_update(())).lower(state).compile().cost_analysis()
+    return algo.make_update(()), jax.tree.map(lambda x: x[0], algo.init_seed(jax.random.PRNGKey(0)))
+
+
+def sac_update_flops(num_envs: int) -> float:
+    """XLA's FLOP count of one tide SAC update with the bench's settings (one shard, one seed)."""
+    import jax
+
+    update, state = _tide_sac_update(num_envs)
+    cost = jax.jit(update).lower(state).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost["flops"])
+
+
+def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
+    """Milliseconds per update of the update's matrix products alone: every dot_general of tide's SAC update (the
+    jaxpr's, each as many times as its scans run it), same shapes and contractions, in a compiled loop with
+    nothing else but a max over each product (so none is optimised away). Operands stay hot in cache, so this
+    is below what the products can cost inside the update."""
+    import jax
+    import jax.numpy as jnp
+    from jax.extend import core as jcore
+
+    def dots(jaxpr, times: int, out: list) -> list:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                out += [(eqn.invars[0].aval, eqn.invars[1].aval, eqn.params["dimension_numbers"])] * times
+            trips = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):  # cond: only the training branch has dots
+                        dots(getattr(sub, "jaxpr", sub), times * trips, out)
+        return out
+
+    update, state = _tide_sac_update(num_envs)
+    products = dots(jax.make_jaxpr(update)(state).jaxpr, 1, [])
+    lhs = [jnp.full(a.shape, 1e-3, a.dtype) for a, _, _ in products]
+    rhs = [jnp.full(b.shape, 1e-3, b.dtype) for _, b, _ in products]
+
+    def body(carry, _):
+        outs = [jax.lax.dot_general(a, b, dims) for a, b, (_, _, dims) in zip(carry, rhs, products)]
+        return [a.at[(0,) * a.ndim].set(jnp.max(o)) for a, o in zip(carry, outs)], None
+
+    f = jax.jit(lambda c: jax.lax.scan(body, c, None, reps)[0]).lower(lhs).compile()
+    jax.block_until_ready(f(lhs))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(lhs))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / reps * 1e3
 
 
 def matmul_chain_gflops(rows: int, width: int, length: int = 5_000) -> float:
@@ -500,19 +546,25 @@ def main() -> None:
         report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
         # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate,
         # beside the rate this CPU reaches on a chain of the update's largest matmul shape alone.
-        flops = sac_update_flops(n)
+        flops, floor_ms = sac_update_flops(n), sac_gemm_floor_ms(n)
+        rejax_ms = 1e3 * n / r["baseline_median"]
         sac_efficiency[f"num_envs_{n}"] = {
             "mflops_per_update": flops / 1e6,
             "tide_gflops_per_s": flops * r["contender_median"] / n / 1e9,
-            "rejax_gflops_per_s": flops * r["baseline_median"] / n / 1e9}
+            "rejax_gflops_per_s": flops * r["baseline_median"] / n / 1e9,
+            "tide_ms_per_update": 1e3 * n / r["contender_median"], "rejax_ms_per_update": rejax_ms,
+            "gemm_floor_ms_per_update": floor_ms,
+            "ratio_if_all_but_the_gemms_were_free": rejax_ms / floor_ms}
         print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
               f"ratio {r['ratio']:.2f}; {sac_efficiency[f'num_envs_{n}']}", flush=True)
     sac_efficiency["matmul_chain_gflops_per_s"] = matmul_chain_gflops(SAC["batch_size"], SAC["hidden"][0])
     report.note("sac_compute", {**sac_efficiency, "what": (
         "FLOPs of one SAC update (num_envs env steps + 1 gradient step; XLA cost analysis of tide's update) times "
         "each side's updates per second, against the GFLOP/s of a chain of [batch, hidden] x [hidden, hidden] "
-        "matmuls (the update's largest GEMM shape) measured in the same run: where both sides run near that "
-        "rate, neither can be much faster without changing the math")})
+        "matmuls (the update's largest GEMM shape) measured in the same run. gemm_floor_ms_per_update: the "
+        "update's matrix products alone (every dot_general of its jaxpr, operands hot in cache); "
+        "ratio_if_all_but_the_gemms_were_free: rejax's update time over that floor, the most any SAC doing the "
+        "same products with XLA's GEMMs could reach against rejax")})
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]
