@@ -99,10 +99,10 @@ def cut_values(value_fn: Callable, truncated: jax.Array, final_obs: jax.Array,
     apart), so per env only that many observations, gathered from the steps it was cut at, go through the critic,
     instead of all T (at 8 seeds x 4 envs on CartPole, T = 128 and L = 500, the full pass was 8% of an update)."""
     steps, n = truncated.shape
-    if max_episode_steps is None or -(-steps // max_episode_steps) >= steps:
+    k = steps if not max_episode_steps or max_episode_steps < 1 else -(-steps // max_episode_steps)
+    if k >= steps:
         return jnp.where(truncated, value_fn(final_obs), 0.0)
-    k = -(-steps // max_episode_steps)
-    # per env, the (at most k) cut steps first: top_k over the flags, ties broken towards earlier steps
+    # per env, the (at most k) cut steps first: top_k over the flags (equal flags: the earlier step first)
     flags = truncated.T.astype(jnp.int32)  # [n, T]
     _, index = jax.lax.top_k(flags, k)  # [n, k]
     cut = jnp.take_along_axis(flags, index, axis=1) > 0

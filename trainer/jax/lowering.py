@@ -3,9 +3,9 @@
 JAX lowers the threefry2x32 hash (every `jax.random` draw) on CPU as a rolled loop of 5 trips, to keep compile
 times short; for other platforms it lowers the same rounds unrolled. XLA:CPU runs the rolled loop as a while
 loop of ~30 tiny thunks (copies of the loop state, the trip compare, the round fusions), and inside a rollout or
-gradient-step loop that overhead is paid at every step (8 seeds x 4 envs on CartPole, one CPU device: the
-rollout's per-step reset draws took more time than the policy). The unrolled form is the same arithmetic, so
-the same bits, in one fusion.
+gradient-step loop that overhead is paid at every step (profiled at 8 seeds x 4 envs on CartPole, one CPU
+device: the rollout's per-step reset draws took longer than its policy network). The unrolled form is the same
+arithmetic, so the same bits, in one fusion.
 
 `lower(jitted, *args)` lowers a jitted function with JAX's unrolled threefry rule in place of its CPU rule, for
 that lowering only (JAX's per-lowering rule override; nothing else in the process changes: rejax in the
