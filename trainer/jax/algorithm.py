@@ -93,7 +93,8 @@ class PolicyStep(NamedTuple):
 def cut_values(value_fn: Callable, truncated: jax.Array, final_obs: jax.Array,
                max_episode_steps: int | None) -> jax.Array:
     """The value of the last observation where a time limit cut the episode, 0 elsewhere: [T, n] from time-major
-    `truncated` [T, n] and `final_obs` [T, n, ...]; value_fn maps [k, n, ...] observations to [k, n] values.
+    `truncated` [T, n] and `final_obs` [T, n, ...]; value_fn maps [k, n, ...] observations to [k, n] values. (The
+    bootstrap of Pardo et al. 2018, "Time Limits in Reinforcement Learning", that PPO's GAE and IMPALA's V-trace use.)
 
     With the env's time limit L known, one env can be cut at most ceil(T / L) times in T steps (cuts are L steps
     apart), so per env only that many observations, gathered from the steps it was cut at, go through the critic,
