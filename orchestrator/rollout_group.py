@@ -6,7 +6,6 @@ iteration that engine had loaded, and the call it was serving runs again there; 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +14,7 @@ from ray.exceptions import RayActorError
 
 from ckpt_transfer.manifest import Manifest
 from rollout.config import EngineConfig
-from rollout.engine_proc import pids_alive
+from rollout.engine_proc import wait_gone
 from rollout.samples import Samples
 from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
@@ -142,9 +141,6 @@ class RolloutGroup:
                 pass
             ray.kill(e)
         self.engines = []
-        deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
-        while pids_alive(local) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if pids_alive(local):
-            log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill", pids_alive(local),
+        if alive := wait_gone(local, ACTOR_EXIT_TIMEOUT_S):
+            log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill", alive,
                         ACTOR_EXIT_TIMEOUT_S)

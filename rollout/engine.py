@@ -37,7 +37,7 @@ from ckpt_transfer.verify import (
 )
 
 from .config import EngineConfig
-from .engine_proc import DeathWatch, engine_segments, pids_alive, process_tree, remove_segments
+from .engine_proc import DeathWatch, engine_segments, process_tree, remove_segments, wait_gone
 from .samples import Sample, Samples
 from .tasks.base import Problem
 
@@ -476,10 +476,7 @@ class RolloutEngine:
 
             cleanup_dist_env_and_memory()
         # vLLM kills the engine core; its workers follow on their own. Wait for them (bounded), then make sure.
-        deadline = time.monotonic() + 10
-        while pids_alive(list(tracked)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for pid in pids_alive(list(tracked)):
+        for pid in wait_gone(list(tracked), timeout_s=10):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

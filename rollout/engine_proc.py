@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -98,6 +99,16 @@ def pids_alive(pids: list[int]) -> list[int]:
                 alive.append(p)
         except (FileNotFoundError, ProcessLookupError):
             pass
+    return alive
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Poll until none of `pids` is alive or `timeout_s` has passed; returns those still alive."""
+    deadline = time.monotonic() + timeout_s
+    alive = pids_alive(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = pids_alive(alive)
     return alive
 
 

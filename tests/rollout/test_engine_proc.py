@@ -1,0 +1,25 @@
+"""The process helpers the engine teardown and the rollout group's shutdown rely on (no vLLM needed)."""
+import subprocess
+import time
+
+from rollout.engine_proc import pids_alive, wait_gone
+
+
+def test_wait_gone_returns_once_the_process_exits_and_counts_a_zombie_as_gone():
+    proc = subprocess.Popen(["sleep", "0.2"])
+    t0 = time.monotonic()
+    assert wait_gone([proc.pid], timeout_s=10) == []  # not reaped yet: a zombie is gone
+    assert time.monotonic() - t0 < 5
+    proc.wait()
+
+
+def test_wait_gone_gives_up_at_the_deadline_and_names_the_survivors():
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        t0 = time.monotonic()
+        assert wait_gone([proc.pid, 2**22 + 7], timeout_s=0.2) == [proc.pid]
+        assert 0.2 <= time.monotonic() - t0 < 5
+        assert pids_alive([proc.pid]) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
