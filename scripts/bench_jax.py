@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import Report, bench_arguments, repeats_for  # noqa: E402
 
+from trainer.jax.lowering import compiler_options  # noqa: E402
+
 NUM_STEPS = 128
 PPO = dict(epochs=4, minibatches=4, lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
            vf_coef=0.5, max_grad_norm=0.5, hidden=(64, 64))
@@ -309,6 +311,10 @@ def solve_torch(max_seconds: float, seed: int) -> float | None:
 # from 256 env steps on (the first, untimed call passes that point on both sides).
 SAC = dict(hidden=(128, 128), batch_size=256, learning_starts=256, lr=1e-3, gamma=0.99, tau=0.005)
 SAC_GRADIENT_STEPS = 1
+# tide's SAC runs its products on Eigen, as configs/pendulum_sac.yaml sets (jax.cpu_matmul): at these sizes it
+# splits them over both cores where YNNPACK, XLA's default and what rejax gets, keeps them on one. The row
+# `sac_pendulum_num_envs_{n}_vs_rejax_on_eigen_dots` shows rejax with the same choice.
+TIDE_SAC_CPU_MATMUL = "eigen"
 
 
 def tide_sac_step(num_envs: int, updates: int):
@@ -317,12 +323,15 @@ def tide_sac_step(num_envs: int, updates: int):
 
     cfg = JaxConfig(algorithm="sac", env="Pendulum-v1", num_envs=num_envs, num_steps=1, updates_per_iteration=updates,
                     lr=SAC["lr"], gamma=SAC["gamma"], hidden_sizes=list(SAC["hidden"]), activation="relu",
+                    cpu_matmul=TIDE_SAC_CPU_MATMUL,
                     sac=dict(buffer_size=100_000, batch_size=SAC["batch_size"], learning_starts=SAC["learning_starts"],
                              gradient_steps=SAC_GRADIENT_STEPS, tau=SAC["tau"]))
     return chunk_step(Engine(cfg, total_updates=10_000, seed=0, devices=1))
 
 
-def rejax_sac_step(num_envs: int, updates: int):
+def rejax_sac_step(num_envs: int, updates: int, cpu_matmul: str = "ynnpack"):
+    """rejax's SAC as its users run it (XLA's default products: YNNPACK), or with `cpu_matmul` "eigen", the
+    library tide's SAC picks (an informational row: how much of the gap is that choice)."""
     import jax
     import jax.numpy as jnp
     from gymnax.environments.classic_control.pendulum import Pendulum
@@ -337,7 +346,7 @@ def rejax_sac_step(num_envs: int, updates: int):
     # rejax's target critic starts as the same arrays as the critic: copies, so the state can be donated
     ts = jax.tree.map(jnp.copy, algo.init_state(jax.random.PRNGKey(0)))
     fn = jax.jit(lambda ts: jax.lax.fori_loop(0, updates, lambda _, t: algo.train_iteration(t), ts), donate_argnums=0)
-    compiled = fn.lower(ts).compile()
+    compiled = fn.lower(ts).compile(compiler_options=compiler_options(cpu_matmul))
     box = {"ts": ts}
 
     def step() -> None:
@@ -347,7 +356,8 @@ def rejax_sac_step(num_envs: int, updates: int):
 
 
 def _tide_sac_update(num_envs: int):
-    """tide's SAC update with the bench's settings (one shard, one seed, past learning_starts) and its state."""
+    """tide's SAC update with the bench's settings (one shard, one seed, past learning_starts), its state and
+    the matrix-product library tide compiles it with."""
     import jax
 
     from trainer.jax.algorithm import make_algorithm
@@ -355,17 +365,18 @@ def _tide_sac_update(num_envs: int):
     from trainer.jax.envs import make_env
 
     cfg = JaxConfig(algorithm="sac", env="Pendulum-v1", num_envs=num_envs, num_steps=1, lr=SAC["lr"],
-                    hidden_sizes=list(SAC["hidden"]), activation="relu",
+                    hidden_sizes=list(SAC["hidden"]), activation="relu", cpu_matmul=TIDE_SAC_CPU_MATMUL,
                     sac=dict(batch_size=SAC["batch_size"], learning_starts=0, gradient_steps=SAC_GRADIENT_STEPS))
     algo = make_algorithm(cfg, make_env("Pendulum-v1"), 1)
-    return algo.make_update(()), jax.tree.map(lambda x: x[0], algo.init_seed(jax.random.PRNGKey(0)))
+    state = jax.tree.map(lambda x: x[0], algo.init_seed(jax.random.PRNGKey(0)))
+    return algo.make_update(()), state, cfg.cpu_matmul
 
 
 def sac_update_flops(num_envs: int) -> float:
     """XLA's FLOP count of one tide SAC update with the bench's settings (one shard, one seed)."""
     import jax
 
-    update, state = _tide_sac_update(num_envs)
+    update, state, _ = _tide_sac_update(num_envs)
     cost = jax.jit(update).lower(state).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost["flops"])
@@ -374,8 +385,8 @@ def sac_update_flops(num_envs: int) -> float:
 def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
     """Milliseconds per update of the update's matrix products alone: every dot_general of tide's SAC update (the
     jaxpr's, each as many times as its scans run it), same shapes and contractions, in a compiled loop with
-    nothing else but a max over each product (so none is optimised away). Operands stay hot in cache, so this
-    is below what the products can cost inside the update."""
+    nothing else but a max over each product (so none is optimised away), on the library tide compiles the
+    update with. Operands stay hot in cache, so this is below what the products can cost inside the update."""
     import jax
     import jax.numpy as jnp
     from jax.extend import core as jcore
@@ -391,7 +402,7 @@ def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
                         dots(getattr(sub, "jaxpr", sub), times * trips, out)
         return out
 
-    update, state = _tide_sac_update(num_envs)
+    update, state, library = _tide_sac_update(num_envs)
     products = dots(jax.make_jaxpr(update)(state).jaxpr, 1, [])
     lhs = [jnp.full(a.shape, 1e-3, a.dtype) for a, _, _ in products]
     rhs = [jnp.full(b.shape, 1e-3, b.dtype) for _, b, _ in products]
@@ -400,7 +411,8 @@ def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
         outs = [jax.lax.dot_general(a, b, dims) for a, b, (_, _, dims) in zip(carry, rhs, products)]
         return [a.at[(0,) * a.ndim].set(jnp.max(o)) for a, o in zip(carry, outs)], None
 
-    f = jax.jit(lambda c: jax.lax.scan(body, c, None, reps)[0]).lower(lhs).compile()
+    f = jax.jit(lambda c: jax.lax.scan(body, c, None, reps)[0]).lower(lhs).compile(
+        compiler_options=compiler_options(library))
     jax.block_until_ready(f(lhs))
     times = []
     for _ in range(5):
@@ -410,12 +422,13 @@ def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
     return statistics.median(times) / reps * 1e3
 
 
-def matmul_chain_gflops(rows: int, width: int, length: int = 5_000) -> float:
+def matmul_chain_gflops(rows: int, width: int, cpu_matmul: str, length: int = 5_000) -> float:
     import jax
     import jax.numpy as jnp
 
     a, w = jnp.ones((rows, width)), jnp.full((width, width), 1e-3)
-    f = jax.jit(lambda a, w: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length)[0]).lower(a, w).compile()
+    f = jax.jit(lambda a, w: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length)[0]).lower(a, w).compile(
+        compiler_options=compiler_options(cpu_matmul))
     f(a, w).block_until_ready()
     times = []
     for _ in range(5):
@@ -548,6 +561,11 @@ def main() -> None:
         report.add(f"sac_pendulum_num_envs_{n}_cpu", "tide SAC", "rejax SAC", "env_steps_per_cpu_s", s["tide"]["cpu"],
                    s["rejax"]["cpu"])
         report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
+        # Not a goal: rejax with the products on the library tide's SAC picks, in its own alternation with tide
+        s_eigen = measure({"tide": (tide_sac_step(n, u), n * u),
+                           "rejax_eigen": (rejax_sac_step(n, u, cpu_matmul="eigen"), n * u)}, repeats)
+        re = report.add(f"sac_pendulum_num_envs_{n}_vs_rejax_on_eigen_dots", "tide SAC", "rejax SAC (cpu_matmul eigen)",
+                        "env_steps_per_s", s_eigen["tide"]["wall"], s_eigen["rejax_eigen"]["wall"])
         # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate,
         # beside the rate this CPU reaches on a chain of the update's largest matmul shape alone.
         flops, floor_ms = sac_update_flops(n), sac_gemm_floor_ms(n)
@@ -560,15 +578,19 @@ def main() -> None:
             "gemm_floor_ms_per_update": floor_ms,
             "ratio_if_all_but_the_gemms_were_free": rejax_ms / floor_ms}
         print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
-              f"ratio {r['ratio']:.2f}; {sac_efficiency[f'num_envs_{n}']}", flush=True)
-    sac_efficiency["matmul_chain_gflops_per_s"] = matmul_chain_gflops(SAC["batch_size"], SAC["hidden"][0])
+              f"ratio {r['ratio']:.2f} (rejax on eigen dots: ratio {re['ratio']:.2f}); "
+              f"{sac_efficiency[f'num_envs_{n}']}", flush=True)
+    sac_efficiency["matmul_chain_gflops_per_s"] = {
+        lib: matmul_chain_gflops(SAC["batch_size"], SAC["hidden"][0], lib) for lib in ("ynnpack", "eigen")}
     report.note("sac_compute", {**sac_efficiency, "what": (
         "FLOPs of one SAC update (num_envs env steps + 1 gradient step; XLA cost analysis of tide's update) times "
         "each side's updates per second, against the GFLOP/s of a chain of [batch, hidden] x [hidden, hidden] "
-        "matmuls (the update's largest GEMM shape) measured in the same run. gemm_floor_ms_per_update: the "
-        "update's matrix products alone (every dot_general of its jaxpr, operands hot in cache); "
-        "ratio_if_all_but_the_gemms_were_free: rejax's update time over that floor, the most any SAC doing the "
-        "same products with XLA's GEMMs could reach against rejax")})
+        "matmuls (the update's largest GEMM shape) measured in the same run on each library XLA:CPU can run "
+        "products with (ynnpack: XLA's default, what rejax gets; eigen: what tide's SAC runs with here, "
+        "jax.cpu_matmul as configs/pendulum_sac.yaml sets it). gemm_floor_ms_per_update: the update's matrix products alone on tide's library "
+        "(every dot_general of its jaxpr, operands hot in cache); ratio_if_all_but_the_gemms_were_free: "
+        "rejax's update time over that floor, the most any SAC doing the same products on that library could "
+        "reach against rejax as its users run it")})
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]

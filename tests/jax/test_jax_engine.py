@@ -121,3 +121,22 @@ def test_engine_lowering_unrolls_threefry_with_the_same_bits():
     for x, y in zip(jax.tree.leaves(default.compile()(key)), jax.tree.leaves(unrolled.compile()(key))):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert "stablehlo.while" in jax.jit(lambda k: draws(k)).lower(key).as_text()
+
+
+def test_cpu_matmul_picks_the_library_the_products_run_on():
+    """`cpu_matmul: eigen` compiles the products as XLA dots, `ynnpack` as YNNPACK fusions (XLA:CPU's default);
+    the same products either way."""
+    from trainer.jax import lowering
+    from trainer.jax.config import JaxConfig
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (256, 128))
+    w = jax.random.normal(jax.random.PRNGKey(1), (128, 128)) / 16
+    mlp = jax.jit(lambda x, w: jax.nn.relu(x @ w) @ w)
+    eigen, ynn = (lowering.compile(mlp, x, w, cpu_matmul=m) for m in ("eigen", "ynnpack"))
+    assert "ynn_fusion" in ynn.as_text() and "ynn_fusion" not in eigen.as_text()
+    np.testing.assert_allclose(np.asarray(eigen(x, w)), np.asarray(ynn(x, w)), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="cpu_matmul"):
+        lowering.compiler_options("mkl")
+    assert JaxConfig().cpu_matmul == "ynnpack"
+    with pytest.raises(ValueError, match="cpu_matmul"):
+        JaxConfig(cpu_matmul="mkl")

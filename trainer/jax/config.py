@@ -96,6 +96,11 @@ class JaxConfig(BaseModel):
     # 0: never.
     grad_chunk_rows: int | None = Field(None, ge=0)
     scan_unroll: int = Field(1, gt=0)  # lax.scan unroll of the rollout loop
+    # The library XLA:CPU runs matrix products with: "ynnpack" (XLA's default) or "eigen" (XLA's own dots). Which
+    # is faster depends on the products' shapes and the core count: on 2 cores, Eigen splits [256, 128] x
+    # [128, 128] over both cores (~1.5x YNNPACK, which keeps it on one) but is slower at small products and
+    # at 256-wide layers (docs/design.md has the measured table). Ignored on GPU and TPU.
+    cpu_matmul: Literal["ynnpack", "eigen"] = "ynnpack"
     compilation_cache_dir: str | None = ".cache/jax"
     sac: SacConfig | None = None  # `algorithm: sac` only; None: defaults
     impala: ImpalaConfig | None = None  # `algorithm: impala` only; None: defaults

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from trainer.jax.algorithm import make_algorithm, summarize  # noqa: F401  (summarize: part of this module's API)
 from trainer.jax.config import JaxConfig, device_splits
 from trainer.jax.envs import make_env
-from trainer.jax.lowering import lower
+from trainer.jax import lowering
 
 SHARD_AXIS = "shard"
 SEED_MESH_AXIS = "seed"
@@ -115,7 +115,7 @@ class Engine:
 
     # ---- running -------------------------------------------------------------------------------
     def compile(self, state: Any) -> None:
-        self._compiled = lower(self._chunk, state).compile()
+        self._compiled = lowering.compile(self._chunk, state, cpu_matmul=self.cfg.cpu_matmul)
 
     def run_chunk(self, state: Any) -> tuple[Any, Any]:
         """Run `updates_per_iteration` updates; `state` is donated (do not reuse it)."""
