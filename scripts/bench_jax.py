@@ -341,10 +341,18 @@ def rejax_sac_step(num_envs: int, updates: int, cpu_matmul: str = "ynnpack"):
     algo = RejaxSAC.create(env=env, env_params=env.default_params, num_envs=num_envs, buffer_size=100_000,
                            fill_buffer=SAC["learning_starts"], batch_size=SAC["batch_size"], learning_rate=SAC["lr"],
                            num_epochs=SAC_GRADIENT_STEPS, gamma=SAC["gamma"], polyak=1.0 - SAC["tau"],
-                           agent_kwargs={"activation": "relu", "hidden_layer_sizes": SAC["hidden"]},
+                           hidden_layer_sizes=SAC["hidden"], agent_kwargs={"activation": "relu"},
                            skip_initial_evaluation=True)
     # rejax's target critic starts as the same arrays as the critic: copies, so the state can be donated
     ts = jax.tree.map(jnp.copy, algo.init_state(jax.random.PRNGKey(0)))
+    # Equal networks on both sides, checked: rejax's SAC reads `hidden_layer_sizes` from its top-level config
+    # and overwrites one given in agent_kwargs with its default (64, 64)
+    _, tide_state, _ = _tide_sac_update(num_envs)
+    sizes = {side: (sum(x.size for x in jax.tree.leaves(a)), sum(x.size for x in jax.tree.leaves(c))) for side, a, c in
+             (("tide", tide_state.params.actor, tide_state.params.critic),
+              ("rejax", ts.actor_ts.params, ts.critic_ts.params))}
+    if sizes["tide"] != sizes["rejax"]:
+        raise RuntimeError(f"SAC networks differ, (actor, critic) parameters: {sizes}")
     fn = jax.jit(lambda ts: jax.lax.fori_loop(0, updates, lambda _, t: algo.train_iteration(t), ts), donate_argnums=0)
     compiled = fn.lower(ts).compile(compiler_options=compiler_options(cpu_matmul))
     box = {"ts": ts}
