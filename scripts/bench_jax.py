@@ -390,46 +390,6 @@ def sac_update_flops(num_envs: int) -> float:
     return float(cost["flops"])
 
 
-def sac_gemm_floor_ms(num_envs: int, reps: int = 2_000) -> float:
-    """Milliseconds per update of the update's matrix products alone: every dot_general of tide's SAC update (the
-    jaxpr's, each as many times as its scans run it), same shapes and contractions, in a compiled loop with
-    nothing else but a max over each product (so none is optimised away), on the library tide compiles the
-    update with. Operands stay hot in cache, so this is below what the products can cost inside the update."""
-    import jax
-    import jax.numpy as jnp
-    from jax.extend import core as jcore
-
-    def dots(jaxpr, times: int, out: list) -> list:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                out += [(eqn.invars[0].aval, eqn.invars[1].aval, eqn.params["dimension_numbers"])] * times
-            trips = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else (param,):
-                    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):  # cond: only the training branch has dots
-                        dots(getattr(sub, "jaxpr", sub), times * trips, out)
-        return out
-
-    update, state, library = _tide_sac_update(num_envs)
-    products = dots(jax.make_jaxpr(update)(state).jaxpr, 1, [])
-    lhs = [jnp.full(a.shape, 1e-3, a.dtype) for a, _, _ in products]
-    rhs = [jnp.full(b.shape, 1e-3, b.dtype) for _, b, _ in products]
-
-    def body(carry, _):
-        outs = [jax.lax.dot_general(a, b, dims) for a, b, (_, _, dims) in zip(carry, rhs, products)]
-        return [a.at[(0,) * a.ndim].set(jnp.max(o)) for a, o in zip(carry, outs)], None
-
-    f = jax.jit(lambda c: jax.lax.scan(body, c, None, reps)[0]).lower(lhs).compile(
-        compiler_options=compiler_options(library))
-    jax.block_until_ready(f(lhs))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(lhs))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / reps * 1e3
-
-
 def matmul_chain_gflops(rows: int, width: int, cpu_matmul: str, length: int = 5_000) -> float:
     import jax
     import jax.numpy as jnp
@@ -576,15 +536,13 @@ def main() -> None:
                         "env_steps_per_s", s_eigen["tide"]["wall"], s_eigen["rejax_eigen"]["wall"])
         # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate,
         # beside the rate this CPU reaches on a chain of the update's largest matmul shape alone.
-        flops, floor_ms = sac_update_flops(n), sac_gemm_floor_ms(n)
-        rejax_ms = 1e3 * n / r["baseline_median"]
+        flops = sac_update_flops(n)
         sac_efficiency[f"num_envs_{n}"] = {
             "mflops_per_update": flops / 1e6,
             "tide_gflops_per_s": flops * r["contender_median"] / n / 1e9,
             "rejax_gflops_per_s": flops * r["baseline_median"] / n / 1e9,
-            "tide_ms_per_update": 1e3 * n / r["contender_median"], "rejax_ms_per_update": rejax_ms,
-            "gemm_floor_ms_per_update": floor_ms,
-            "ratio_if_all_but_the_gemms_were_free": rejax_ms / floor_ms}
+            "tide_ms_per_update": 1e3 * n / r["contender_median"],
+            "rejax_ms_per_update": 1e3 * n / r["baseline_median"]}
         print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
               f"ratio {r['ratio']:.2f} (rejax on eigen dots: ratio {re['ratio']:.2f}); "
               f"{sac_efficiency[f'num_envs_{n}']}", flush=True)
@@ -595,10 +553,7 @@ def main() -> None:
         "each side's updates per second, against the GFLOP/s of a chain of [batch, hidden] x [hidden, hidden] "
         "matmuls (the update's largest GEMM shape) measured in the same run on each library XLA:CPU can run "
         "products with (ynnpack: XLA's default, what rejax gets; eigen: what tide's SAC runs with here, "
-        "jax.cpu_matmul as configs/pendulum_sac.yaml sets it). gemm_floor_ms_per_update: the update's matrix products alone on tide's library "
-        "(every dot_general of its jaxpr, operands hot in cache); ratio_if_all_but_the_gemms_were_free: "
-        "rejax's update time over that floor, the most any SAC doing the same products on that library could "
-        "reach against rejax as its users run it")})
+        "jax.cpu_matmul as configs/pendulum_sac.yaml sets it)")})
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]
