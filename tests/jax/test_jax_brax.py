@@ -74,3 +74,22 @@ def test_a_brax_locomotion_task_trains_through_the_protocol():
     assert s["episodes"] > 0 and 0 < s["episode_length_mean"] < 128  # random hoppers fall within 128 steps
     assert all(np.isfinite(s[k]) for k in ("pg_loss", "value_loss", "entropy"))
     assert np.isfinite(np.asarray(jax.device_get(state.params))).all()
+
+
+def test_brax_hopper_config_learns_to_hop(tmp_path):
+    """configs/brax_hopper.yaml (PPO with observation normalisation and reward scaling on Brax's hopper), cut to
+    its first ~1M env steps: the mean training return climbs from ~210 in the first iteration to above 380
+    (measured here: 422 at 983k steps; the same run without normalisation and scaling: 268)."""
+    import yaml
+
+    from orchestrator.config import parse_config
+    from orchestrator.jax_loop import run_jax
+    from orchestrator.rundir import RunDir
+
+    raw = yaml.safe_load((ROOT / "configs/brax_hopper.yaml").read_text())
+    cfg = parse_config({**raw, "iterations": 6, "run_dir": str(tmp_path / "run")})
+    run = RunDir(tmp_path / "run")
+    run_jax(cfg, run, resume=False, show_progress=False)
+    returns = [m["episode_return_mean"] for m in run.metrics()]
+    assert run.metrics()[-1]["env_steps"] <= 1_000_000
+    assert returns[-1] >= 380 and returns[-1] >= 1.6 * returns[0], returns

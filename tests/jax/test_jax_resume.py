@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(240, method="thread")
 # transitions, the write position and the sum tree for the resumed run to sample the same batches.
 VARIANTS = {
     "ppo_one_seed": {**TINY, "seeds": 1},
-    "ppo_two_seeds_two_devices": {**TINY, "seeds": 2},
+    # with the running observation and reward statistics, which the checkpoint must carry too
+    "ppo_two_seeds_two_devices_normalised": {**TINY, "seeds": 2, "normalize_observations": True, "scale_rewards": True},
     "sac_prioritized_two_seeds": {**SAC_TINY, "seeds": 2, "sac": {**SAC_TINY["sac"], "prioritized": True}},
     "impala": IMPALA_TINY,
 }
@@ -77,6 +78,9 @@ def test_resume_is_exact(runs):
     assert len(leaves_a) == len(leaves_b)
     for x, y in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    if cfg.jax.normalize_observations:  # statistics of every step so far are part of what was compared
+        assert float(np.asarray(a.obs_moments.count).min()) == cfg.jax.num_envs * cfg.jax.num_steps * \
+            cfg.jax.updates_per_iteration * cfg.iterations
     if cfg.jax.algorithm == "sac":  # the buffer wrapped around and is part of what was compared
         assert int(np.asarray(a.env_steps).min()) > cfg.jax.sac.buffer_size
         assert np.asarray(a.buffer.is_full).all()

@@ -50,7 +50,8 @@ class ImpalaConfig(BaseModel):
 
 # Fields only PPO reads: set (to other than their defaults) with another algorithm they would be silently
 # ignored, so they are refused.
-PPO_ONLY = frozenset({"epochs", "minibatches", "gae_lambda", "clip_eps", "normalize_advantages", "grad_chunk_rows"})
+PPO_ONLY = frozenset({"epochs", "minibatches", "gae_lambda", "clip_eps", "normalize_advantages", "grad_chunk_rows",
+                      "normalize_observations", "obs_clip", "scale_rewards", "reward_clip"})
 ACTOR_CRITIC_ONLY = frozenset({"ent_coef", "vf_coef", "max_grad_norm"})  # PPO and IMPALA (SAC: plain Adam)
 
 
@@ -77,6 +78,12 @@ class JaxConfig(BaseModel):
     lr: float = Field(2.5e-4, gt=0)
     anneal_lr: bool | None = None  # linear decay to 0 over the run's updates; None: PPO and IMPALA yes, SAC no
     normalize_advantages: bool = True
+    # Running observation normalisation and reward scaling (Engstrom et al. 2020; trainer/jax/normalization.py):
+    # off by default, as in PPO's paper; locomotion tasks want both (configs/brax_hopper.yaml).
+    normalize_observations: bool = False
+    obs_clip: float = Field(10.0, gt=0)
+    scale_rewards: bool = False
+    reward_clip: float = Field(10.0, gt=0)
     hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64])
     activation: Literal["tanh", "relu"] = "tanh"
     seeds: int = Field(1, gt=0)  # independent agents trained in one program (vmapped, spread over devices)

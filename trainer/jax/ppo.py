@@ -2,6 +2,7 @@
 epochs x minibatches). Collectives name `axes`; the engine maps them onto vmap axes or mesh axes."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -14,6 +15,8 @@ from trainer.jax.algorithm import cut_values, make_policy_rollout, replicate, re
 from trainer.jax.config import JaxConfig
 from trainer.jax.envs import Discrete, EnvSlot, Environment
 from trainer.jax.networks import ActorCritic, Flat
+from trainer.jax.normalization import (Moments, discounted_sums, init_moments, normalize, scale_rewards,
+                                       update_moments)
 
 
 # Minibatches larger than this are differentiated in chunks of this many rows. Measured against rejax on
@@ -41,6 +44,11 @@ class RunnerState(NamedTuple):
     obs: jax.Array
     key: jax.Array  # raw uint32 key
     update: jax.Array  # PPO updates done so far
+    # Running statistics (kept, though unused, when normalize_observations / scale_rewards are off): the same on
+    # every shard, pooled over all of them
+    obs_moments: Moments
+    return_moments: Moments  # of the discounted reward sums that scale the rewards
+    discounted_return: jax.Array  # [envs of this shard]: each env's running discounted reward sum
 
 
 class UpdateMetrics(NamedTuple):
@@ -122,9 +130,12 @@ class PPO:
         cfg = self.cfg
         k_params, k_shards = jax.random.split(key)
         params = self.agent.init(k_params)
-        slot, obs, keys = reset_shards(self.env, k_shards, cfg.shards, cfg.num_envs // cfg.shards)
+        n_envs = cfg.num_envs // cfg.shards
+        slot, obs, keys = reset_shards(self.env, k_shards, cfg.shards, n_envs)
         return RunnerState(replicate(params, cfg.shards), replicate(self.tx.init(params), cfg.shards), slot, obs,
-                           keys, jnp.zeros((cfg.shards,), jnp.int32))
+                           keys, jnp.zeros((cfg.shards,), jnp.int32),
+                           replicate(init_moments(self.env.observation_shape), cfg.shards),
+                           replicate(init_moments(), cfg.shards), jnp.zeros((cfg.shards, n_envs), jnp.float32))
 
     def make_update(self, axes: Sequence[str]):
         return make_update(self.cfg, self.env, self.agent, self.tx, axes)
@@ -200,8 +211,20 @@ def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.Gradien
     def update(rs: RunnerState, _=None) -> tuple[RunnerState, UpdateMetrics]:
         key, k_rollout = jax.random.split(rs.key)
         params = rs.params
-        (slot, obs), steps = rollout(params, rs.slot, rs.obs, k_rollout)
-        traj = Transition(steps.obs, steps.action, steps.logp, None, steps.reward, steps.done)
+        obs_moments, return_moments, discounted_return = rs.obs_moments, rs.return_moments, rs.discounted_return
+        # The network's inputs: with normalisation, by the statistics from before this rollout, for acting and for
+        # learning from it alike
+        to_input = functools.partial(normalize, m=obs_moments, clip=cfg.obs_clip) if cfg.normalize_observations \
+            else (lambda o: o)
+        (slot, obs), steps = rollout(params, rs.slot, rs.obs, k_rollout, to_input)
+        reward = steps.reward
+        if cfg.normalize_observations:
+            obs_moments = update_moments(obs_moments, steps.obs.reshape((-1,) + steps.obs.shape[2:]), axes)
+        if cfg.scale_rewards:
+            sums, discounted_return = discounted_sums(discounted_return, reward, steps.done, cfg.gamma)
+            return_moments = update_moments(return_moments, sums.reshape(-1), axes)
+            reward = scale_rewards(reward, return_moments, cfg.reward_clip)
+        traj = Transition(to_input(steps.obs), steps.action, steps.logp, None, reward, steps.done)
         # The critic runs over the rollout after it, in large row chunks: inside the loop it sat on the
         # critical path in tiny GEMMs (8% of an update at 4 envs, 10% at 8 seeds x 4 envs).
         steps_per_chunk = max(1, min(cfg.num_steps, CRITIC_CHUNK_ROWS // n_envs))
@@ -209,10 +232,10 @@ def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.Gradien
         def critic(observations):
             return jax.lax.map(lambda o: apply_fn(params, o)[1], observations, batch_size=steps_per_chunk)
 
-        traj, last_value = traj._replace(value=critic(traj.obs)), apply_fn(params, obs)[1]
+        traj, last_value = traj._replace(value=critic(traj.obs)), apply_fn(params, to_input(obs))[1]
         # Episodes cut by a time limit bootstrap from their last observation's value (truncation is not the
         # task's end): the critic over the observations the cut steps produced before their reset.
-        end_values = cut_values(critic, steps.truncated, steps.final_obs, env_limit)
+        end_values = cut_values(lambda o: critic(to_input(o)), steps.truncated, steps.final_obs, env_limit)
         adv, target = gae(traj.reward, traj.value, traj.done, last_value, cfg.gamma, cfg.gae_lambda, end_values)
         flat = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), (traj, adv, target))
         (params, opt_state, key, _), aux = jax.lax.scan(epoch, (params, rs.opt_state, key, flat), None, cfg.epochs)
@@ -220,6 +243,7 @@ def make_update(cfg: JaxConfig, env: Environment, agent: Flat, tx: optax.Gradien
         done = traj.done
         metrics = UpdateMetrics(jnp.sum(steps.finished_return), jnp.sum(done.astype(jnp.int32)),
                                 jnp.sum(steps.finished_length), pg, vl, ent, kl, cf)
-        return RunnerState(params, opt_state, slot, obs, key, rs.update + 1), metrics
+        return RunnerState(params, opt_state, slot, obs, key, rs.update + 1, obs_moments, return_moments,
+                           discounted_return), metrics
 
     return update
