@@ -388,25 +388,6 @@ def sac_update_flops(num_envs: int) -> float:
     return float(cost["flops"])
 
 
-def matmul_chain_gflops(rows: int, width: int, cpu_matmul: str, length: int = 5_000) -> float:
-    import jax
-    import jax.numpy as jnp
-
-    # w = I (still a dense product): tanh(x) shrinks the chain's values only like 1/sqrt(steps), so they stay
-    # normal floats; a contracting w decays them through denormals to zero, and the rate read on such a chain
-    # varied (58 to 91 GFLOP/s on Eigen, 85 to 96 on YNNPACK, against 113 and 96 with w = I)
-    a, w = jnp.ones((rows, width)), jnp.eye(width)
-    f = jax.jit(lambda a, w: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length)[0]).lower(a, w).compile(
-        compiler_options=compiler_options(cpu_matmul))
-    f(a, w).block_until_ready()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        f(a, w).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    return 2 * rows * width * width * length / statistics.median(times) / 1e9
-
-
 # ---------------------------------------------------------------- IMPALA vs PPO (both tide) on CartPole-v1
 IMPALA_VS_PPO = dict(env="CartPole-v1", num_envs=16, num_steps=32, updates_per_iteration=50, lr=1e-3)
 
@@ -535,8 +516,7 @@ def main() -> None:
                            "rejax_eigen": (rejax_sac_step(n, u, cpu_matmul="eigen"), n * u)}, repeats)
         re = report.add(f"sac_pendulum_num_envs_{n}_vs_rejax_on_eigen_dots", "tide SAC", "rejax SAC (cpu_matmul eigen)",
                         "env_steps_per_s", s_eigen["tide"]["wall"], s_eigen["rejax_eigen"]["wall"])
-        # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate,
-        # beside the rate this CPU reaches on a chain of the update's largest matmul shape alone.
+        # What the update is made of: its FLOPs (XLA's count, the same math on both sides) at each side's rate
         flops = sac_update_flops(n)
         sac_efficiency[f"num_envs_{n}"] = {
             "mflops_per_update": flops / 1e6,
@@ -547,14 +527,11 @@ def main() -> None:
         print(f"SAC num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s "
               f"ratio {r['ratio']:.2f} (rejax on eigen dots: ratio {re['ratio']:.2f}); "
               f"{sac_efficiency[f'num_envs_{n}']}", flush=True)
-    sac_efficiency["matmul_chain_gflops_per_s"] = {
-        lib: matmul_chain_gflops(SAC["batch_size"], SAC["hidden"][0], lib) for lib in ("ynnpack", "eigen")}
     report.note("sac_compute", {**sac_efficiency, "what": (
-        "FLOPs of one SAC update (num_envs env steps + 1 gradient step; XLA cost analysis of tide's update) times "
-        "each side's updates per second, against the GFLOP/s of a chain of [batch, hidden] x [hidden, hidden] "
-        "matmuls (the update's largest GEMM shape) measured in the same run on each library XLA:CPU can run "
-        "products with (ynnpack: XLA's default, what rejax gets; eigen: what tide's SAC runs with here, "
-        "jax.cpu_matmul as configs/pendulum_sac.yaml sets it)")})
+        "FLOPs of one SAC update (num_envs env steps + 1 gradient step; XLA cost analysis of tide's update, the "
+        "same math on both sides) times each side's updates per second, and each side's milliseconds per update; "
+        "tide's SAC runs its products on Eigen (jax.cpu_matmul, as configs/pendulum_sac.yaml sets it), rejax on "
+        "XLA's default, YNNPACK")})
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]
