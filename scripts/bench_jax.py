@@ -39,14 +39,15 @@ TARGET = 475.0
 
 
 # ---------------------------------------------------------------- contender: tide's JAX engine
-def tide_engine(num_envs: int, updates: int, seeds: int = 1, total_updates: int = 10_000, devices: int | None = 1):
+def tide_engine(num_envs: int, updates: int, seeds: int = 1, total_updates: int = 10_000, devices: int | None = 1,
+                cpu_matmul: str = "ynnpack"):
     """devices=None: as `tide run` lays seeds out, over every host CPU device that divides them."""
     from trainer.jax.config import JaxConfig
     from trainer.jax.engine import Engine
 
     cfg = JaxConfig(env="CartPole-v1", num_envs=num_envs, num_steps=NUM_STEPS, updates_per_iteration=updates,
                     epochs=PPO["epochs"], minibatches=PPO["minibatches"], lr=PPO["lr"], seeds=seeds,
-                    hidden_sizes=list(PPO["hidden"]))
+                    hidden_sizes=list(PPO["hidden"]), cpu_matmul=cpu_matmul)
     return chunk_step(Engine(cfg, total_updates=total_updates, seed=0, devices=devices))
 
 
@@ -317,13 +318,13 @@ SAC_GRADIENT_STEPS = 1
 TIDE_SAC_CPU_MATMUL = "eigen"
 
 
-def tide_sac_step(num_envs: int, updates: int):
+def tide_sac_step(num_envs: int, updates: int, cpu_matmul: str = TIDE_SAC_CPU_MATMUL):
     from trainer.jax.config import JaxConfig
     from trainer.jax.engine import Engine
 
     cfg = JaxConfig(algorithm="sac", env="Pendulum-v1", num_envs=num_envs, num_steps=1, updates_per_iteration=updates,
                     lr=SAC["lr"], gamma=SAC["gamma"], hidden_sizes=list(SAC["hidden"]), activation="relu",
-                    cpu_matmul=TIDE_SAC_CPU_MATMUL,
+                    cpu_matmul=cpu_matmul,
                     sac=dict(buffer_size=100_000, batch_size=SAC["batch_size"], learning_starts=SAC["learning_starts"],
                              gradient_steps=SAC_GRADIENT_STEPS, tau=SAC["tau"]))
     return chunk_step(Engine(cfg, total_updates=10_000, seed=0, devices=1))
@@ -532,6 +533,19 @@ def main() -> None:
         "same math on both sides) times each side's updates per second, and each side's milliseconds per update; "
         "tide's SAC runs its products on Eigen (jax.cpu_matmul, as configs/pendulum_sac.yaml sets it), rejax on "
         "XLA's default, YNNPACK")})
+
+    # jax.cpu_matmul, no goal: tide with its products on Eigen against tide on YNNPACK (XLA's default), the same
+    # program otherwise; the reason tide's SAC config picks Eigen and PPO keeps the default
+    u_sac, u_ppo4, u_ppo2048 = (512 if quick else 2_048), updates_for(4, chunk_steps), updates_for(2048, chunk_steps)
+    pairs = {"sac_pendulum_num_envs_4": lambda lib: (tide_sac_step(4, u_sac, cpu_matmul=lib), 4 * u_sac),
+             "cartpole_num_envs_4": lambda lib: (tide_engine(4, u_ppo4, cpu_matmul=lib), 4 * NUM_STEPS * u_ppo4),
+             "cartpole_num_envs_2048": lambda lib: (tide_engine(2048, u_ppo2048, cpu_matmul=lib),
+                                                    2048 * NUM_STEPS * u_ppo2048)}
+    for name, make in list(pairs.items())[: 2 if quick else 3]:
+        s = measure({"eigen": make("eigen"), "ynnpack": make("ynnpack")}, repeats)
+        r = report.add(f"{name}_cpu_matmul_eigen_vs_ynnpack", "tide, cpu_matmul eigen", "tide, cpu_matmul ynnpack",
+                       "env_steps_per_s", s["eigen"]["wall"], s["ynnpack"]["wall"])
+        print(f"{name}: Eigen / YNNPACK products {r['ratio']:.2f}", flush=True)
 
     # IMPALA-style learner vs PPO, both tide, same env, envs, rollout length and learning rate
     u = IMPALA_VS_PPO["updates_per_iteration"]
