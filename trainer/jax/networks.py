@@ -2,6 +2,7 @@
 tanh-squashed Gaussian actor and twin Q critics."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -11,6 +12,42 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from trainer.jax.distributions import Categorical, DiagNormal
+
+
+@jax.custom_vjp
+def _dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _dense_product_fwd(x: jax.Array, w: jax.Array):
+    return _dense_product(x, w), (x, w)
+
+
+def _dense_product_bwd(residuals, g: jax.Array):
+    x, w = residuals
+    dx = jax.lax.dot_general(g, w, (((g.ndim - 1,), (1,)), ((), ())))
+    # x^T materialised; the barrier keeps XLA from folding the transpose back into the product
+    x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
+    return dx, x_t @ g.reshape(-1, g.shape[-1])
+
+
+_dense_product.defvjp(_dense_product_fwd, _dense_product_bwd)
+
+
+def dense_dot_general(x: jax.Array, w: jax.Array, dimension_numbers, precision=None,
+                      preferred_element_type=None) -> jax.Array:
+    """`lax.dot_general` for a Dense layer (x [..., in] . w [in, out]) whose weight gradient XLA:CPU can run on
+    YNNPACK. JAX's transpose rule writes that gradient as one product contracting x over its rows (lhs contracting
+    dimension 0); XLA:CPU hands YNNPACK only products whose lhs contracts over its last dimension (xla/backends/
+    cpu/ynn_support.cc, IsDotSupportedByYnn), so those went to Eigen dot thunks, the slowest steps of a PPO
+    minibatch at 4 envs. Here x is transposed explicitly, behind an optimization barrier (else XLA folds the
+    transpose back into the product). Same products, same values up to summation order. On other backends, and
+    for any other contraction, plain `lax.dot_general`."""
+    standard = dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())) and w.ndim == 2
+    if not standard or precision is not None or preferred_element_type is not None or jax.default_backend() != "cpu":
+        return jax.lax.dot_general(x, w, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type)
+    return _dense_product(x, w)
 
 
 def _activation(name: str):
@@ -32,11 +69,12 @@ class ActorCritic(nn.Module):
         act = _activation(self.activation)
         a = v = self.flatten(obs)
         ortho = nn.initializers.orthogonal
+        dense = functools.partial(nn.Dense, dot_general=dense_dot_general)
         for i, h in enumerate(self.hidden_sizes):
-            a = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), name=f"actor_{i}")(a))
-            v = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), name=f"critic_{i}")(v))
-        out = nn.Dense(self.action_dim, kernel_init=ortho(0.01), name="actor_out")(a)
-        value = nn.Dense(1, kernel_init=ortho(1.0), name="critic_out")(v)[..., 0]
+            a = act(dense(h, kernel_init=ortho(np.sqrt(2)), name=f"actor_{i}")(a))
+            v = act(dense(h, kernel_init=ortho(np.sqrt(2)), name=f"critic_{i}")(v))
+        out = dense(self.action_dim, kernel_init=ortho(0.01), name="actor_out")(a)
+        value = nn.Dense(1, kernel_init=ortho(1.0), name="critic_out")(v)[..., 0]  # one column: never YNNPACK
         if self.discrete:
             return Categorical(out), value
         return DiagNormal(out, self.param("log_std", nn.initializers.zeros, (self.action_dim,))), value
