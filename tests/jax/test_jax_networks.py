@@ -14,7 +14,7 @@ def _plain_and_custom():
     import flax.linen as nn
     import jax.numpy as jnp
 
-    from trainer.jax.networks import ActorCritic, dense_dot_general
+    from trainer.jax.networks import ActorCritic
 
     class PlainActorCritic(ActorCritic):
         """The same module with Flax's default product (the reference)."""
@@ -30,11 +30,12 @@ def _plain_and_custom():
             return logits, nn.Dense(1, kernel_init=ortho(1.0), name="critic_out")(v)[..., 0]
 
     class CustomActorCritic(ActorCritic):
+        """tide's module (its Dense layers use dense_dot_general), returning logits instead of a distribution."""
+
         def __call__(self, obs):
             dist, value = super().__call__(obs)
             return dist.logits, value
 
-    assert dense_dot_general is not None
     return PlainActorCritic(action_dim=2, discrete=True), CustomActorCritic(action_dim=2, discrete=True)
 
 
