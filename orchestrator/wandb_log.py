@@ -46,4 +46,10 @@ class WandbLog:
         pass  # wandb writes from its own process
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # finish() only informs W&B's service process that the run is over; the service closes the run's .wandb
+        # file later, on its own time. Tearing the service down waits for that, so the offline files are
+        # complete when close() returns (a resume or `wandb sync` right after reads every step).
+        wandb.teardown()
