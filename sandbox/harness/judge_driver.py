@@ -111,7 +111,8 @@ class Zygote:
         frame = self._read(8, time.monotonic() + 5)
         return struct.unpack("!q", frame)[0] if frame else None
 
-    def reap(self, pid: int, deadline: float) -> tuple[int, int, float, bool]:
+    def reap(self, pid: int, deadline: float) -> tuple[int | None, int, float, bool]:
+        """As Exec.reap; the wait status None where the case's end is not known."""
         frame = self._read(32, deadline)
         timed_out = frame is None and time.monotonic() >= deadline
         if frame is None:
@@ -121,7 +122,10 @@ class Zygote:
             _, status, peak_kb, cpu_s = struct.unpack("!qqqd", frame)
             return status, peak_kb, cpu_s, timed_out
         self.close()  # stopped or dead: the case is init's child now, and no later case uses it
-        _, status, usage = os.wait4(pid, 0)
+        try:
+            _, status, usage = os.wait4(pid, 0)
+        except ChildProcessError:  # reaped by the fork server, killed (by the case's kin) before it reported
+            return None, 0, 0.0, timed_out
         return status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, timed_out
 
     def close(self) -> None:
@@ -188,22 +192,29 @@ def _run_case(launcher, stdin: str, timeout_s: float, output_bytes: int, memory_
     for fd in buffers:
         os.close(fd)
     sel.close()
+    lost = status is None
+    status = 0 if lost else status
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     if timed_out:
         verdict = "TLE"
     elif over:
         verdict = "OLE"
+    elif lost:
+        verdict = "RE"  # how it ended is unknown: never a pass
     elif peak_kb > memory_kb or (killed and not timed_out):
         verdict = "MLE"  # the cgroup's OOM killer is what SIGKILLs a case the driver did not kill
     elif not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         verdict = "RE"
     else:
         verdict = None  # ran: the checker decides
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    code = None if lost else os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    stderr = bytes(buffers[err_r][:4096]).decode("utf-8", "replace")
+    if lost:
+        stderr += "\n[judge] the case's exit status was lost: its fork server was killed before reporting it"
     return {"verdict": verdict, "exit_code": code, "wall_ms": round(wall * 1000, 3),
             "cpu_ms": round(cpu_s * 1000, 3), "peak_memory_kb": peak_kb,
             "stdout": bytes(buffers[out_r][:output_bytes]).decode("utf-8", "replace"),
-            "stderr": bytes(buffers[err_r][:4096]).decode("utf-8", "replace")}
+            "stderr": stderr}
 
 
 def _check_with_program(spec: dict, checker_fd: int, case: dict, output: str) -> tuple[bool, str]:

@@ -43,6 +43,10 @@ def _serve() -> list[int]:
         for fd in fds:
             os.close(fd)
         control.sendall(struct.pack("!q", pid))
+        # Wait first without reaping: a case may kill this process, and where the kill lands after the case has
+        # ended (this process idle on the case's CPU) reaping it first would take its exit status along. Unreaped,
+        # the case is then the driver's zombie to reap, status and all.
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         _, status, usage = os.wait4(pid, 0)
         control.sendall(struct.pack("!qqqd", pid, status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime))
 
