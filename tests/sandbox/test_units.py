@@ -82,3 +82,27 @@ def test_spec_is_locked_down():
     assert spec["annotations"]["run.oci.seccomp_bpf_data"]  # precompiled, so crun does not compile it per start
     usr = next(m for m in spec["mounts"] if m["destination"] == "/usr")
     assert "ro" in usr["options"]
+
+
+def test_judge_driver_gives_a_case_whose_exit_status_was_lost_an_re_never_a_pass():
+    """The driver's verdict where nobody can say how a case ended (its fork server reaped it and was killed before
+    reporting): RE, no exit code, a note in stderr; right output alone is not a pass."""
+    import importlib.util
+
+    import sandbox.harness
+
+    path = Path(sandbox.harness.__file__).parent / "judge_driver.py"
+    spec = importlib.util.spec_from_file_location("tide_judge_driver", path)
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+
+    class StatusLost(driver.Exec):
+        def reap(self, pid, deadline):
+            super().reap(pid, deadline)  # the real child ends and is reaped; its status is then dropped
+            return None, 0, 0.0, False
+
+    lost = driver._run_case(StatusLost(["cat"]), "7\n", 10.0, 65536, 1 << 20)
+    assert (lost["verdict"], lost["exit_code"], lost["stdout"]) == ("RE", None, "7\n")
+    assert "exit status was lost" in lost["stderr"]
+    kept = driver._run_case(driver.Exec(["cat"]), "7\n", 10.0, 65536, 1 << 20)
+    assert (kept["verdict"], kept["exit_code"], kept["stdout"]) == (None, 0, "7\n")  # None: the checker decides
