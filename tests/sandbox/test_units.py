@@ -101,8 +101,9 @@ def test_judge_driver_gives_a_case_whose_exit_status_was_lost_an_re_never_a_pass
             super().reap(pid, deadline)  # the real child ends and is reaped; its status is then dropped
             return None, 0, 0.0, False
 
-    lost = driver._run_case(StatusLost(["cat"]), "7\n", 10.0, 65536, 1 << 20)
+    no_memory_limit = 1 << 40  # KiB: a child forked from this test's process starts with its peak RSS
+    lost = driver._run_case(StatusLost(["cat"]), "7\n", 10.0, 65536, no_memory_limit)
     assert (lost["verdict"], lost["exit_code"], lost["stdout"]) == ("RE", None, "7\n")
     assert "exit status was lost" in lost["stderr"]
-    kept = driver._run_case(driver.Exec(["cat"]), "7\n", 10.0, 65536, 1 << 20)
+    kept = driver._run_case(driver.Exec(["cat"]), "7\n", 10.0, 65536, no_memory_limit)
     assert (kept["verdict"], kept["exit_code"], kept["stdout"]) == (None, 0, "7\n")  # None: the checker decides
