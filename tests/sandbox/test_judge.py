@@ -190,7 +190,8 @@ def test_a_fork_server_killed_to_wake_after_the_case_has_ended_keeps_its_status(
     """What the full suite's load did now and then to the test above, made to happen: the case puts the fork server
     on its own CPU in the idle scheduling class before killing it, so the server runs again only once the case has
     ended. The server must not reap the case on its way out, or nobody is left to say how the case ended (the
-    driver used to fail the whole run: no cases, a ChildProcessError in stderr). Unpinned it lands 9 runs in 10."""
+    driver used to fail the whole run: no cases, a ChildProcessError in stderr). So arranged, the race landed in 9
+    runs of 10 by hand, and this test failed 3 runs of 3 on the old driver."""
     kill = ("cpu = min(os.sched_getaffinity(0)); os.sched_setaffinity(0, {cpu}); "
             "os.sched_setaffinity(os.getppid(), {cpu}); "
             "os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0)); "
