@@ -34,6 +34,12 @@ w_t = min(pi_old(y_t) / pi_rollout(y_t), C), detached. For `kimi` the weight mul
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
 k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
 objective), aggregated like the policy loss otherwise.
+
+`trainer.entropy_coef` subtracts coef x H(pi(.|x, y_<t)) from the loss, H the entropy of the sampling
+distribution at each completion position, aggregated like the KL term: entropy regularisation (Williams & Peng
+1991, "Function optimization using connectionist reinforcement learning algorithms"; Mnih et al. 2016,
+arXiv:1602.01783), veRL's `entropy_coeff`. Its gradient is the exact gradient of the entropy over the whole
+vocabulary, not a sampled estimate.
 """
 from __future__ import annotations
 
@@ -57,9 +63,12 @@ class LossSpec:
     adv_std_norm: bool = False
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0
 
     @property
     def kl_agg(self) -> LossAgg:
+        """How per-token regularisers (KL, entropy) are aggregated: per completion for `kimi`'s sequence-level
+        objective, per token for `kimi_token`, like the policy loss for `grpo`."""
         return {"kimi": "seq_mean_token_sum", "kimi_token": "token_mean"}.get(self.kind, self.agg)
 
 
@@ -112,6 +121,18 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Te
     return -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
 
 
+def clip_counts(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float,
+                eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many completion tokens the clipped surrogate holds at its lower and upper bound (no gradient flows
+    through them there): ratio < 1 - eps_low with a negative advantage, ratio > 1 + eps_high with a positive
+    one. TRL's `clip_ratio/low_mean` and `clip_ratio/high_mean` are these counts over the tokens."""
+    ratio = torch.exp(logp.detach() - old_logp)
+    a = adv[:, None]
+    low = ((ratio < 1 - eps_low) & (a < 0)).float()
+    high = ((ratio > 1 + eps_high) & (a > 0)).float()
+    return (low * mask).sum(), (high * mask).sum()
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: LossAgg, n_seqs: int, n_tokens: int) -> torch.Tensor:
     """This micro-batch's part of the mini-batch mean of per-token losses under `agg`."""
     masked = per_token * mask
@@ -144,9 +165,10 @@ def masked_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Ten
 
 def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
                 n_seqs: int, n_tokens: int, ref_logp: torch.Tensor | None = None,
-                is_weight: torch.Tensor | None = None) -> torch.Tensor:
+                is_weight: torch.Tensor | None = None, entropy: torch.Tensor | None = None) -> torch.Tensor:
     """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts),
-    plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required); `is_weight` [B, T]:
+    plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required) and minus the entropy bonus
+    when `spec.entropy_coef` > 0 (then `entropy` [B, T], differentiable, is required); `is_weight` [B, T]:
     truncated importance weights (`tis_weights`) on the policy-gradient term."""
     loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens, is_weight)
     if spec.kl_coef > 0:
@@ -154,6 +176,10 @@ def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask
             raise ValueError("trainer.kl.coef > 0 needs the reference policy's log-probs")
         kl = kl_estimate(logp, masked_reference(logp, ref_logp, mask), spec.kl_estimator)
         loss = loss + spec.kl_coef * aggregate(kl, mask, spec.kl_agg, n_seqs, n_tokens)
+    if spec.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("trainer.entropy_coef > 0 needs the entropy at each completion position")
+        loss = loss - spec.entropy_coef * aggregate(entropy, mask, spec.kl_agg, n_seqs, n_tokens)
     return loss
 
 

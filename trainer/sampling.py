@@ -37,12 +37,40 @@ def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return flat.scatter(-1, logits_idx, logits_sort).reshape(shape)
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
-    """log p(label) under `dist` applied to full-vocabulary `logits` [..., V]; differentiable."""
+def processed_logits(logits: torch.Tensor, labels: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
+    """`dist`'s logits over the full vocabulary [..., V]: divided by the temperature, -inf outside the kept
+    top-k / top-p set (which always holds the sampled `labels`); differentiable where finite."""
     z = logits.float() / dist.temperature
     if dist.truncates:
         kept = truncate_logits(z.detach(), dist.top_k, dist.top_p)
         keep = torch.isfinite(kept)
         keep.scatter_(-1, labels.unsqueeze(-1), True)  # the sampled token is always in the set
         z = z.masked_fill(~keep, float("-inf"))
+    return z
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
+    """log p(label) under `dist` applied to full-vocabulary `logits` [..., V]; differentiable."""
+    z = processed_logits(logits, labels, dist)
     return z.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy(z: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(z) [...] over the last axis, in nats, where z may be -inf outside a kept set:
+    H = logsumexp(z) - sum_i p_i z_i, with the excluded tokens' p_i = 0 and z_i read as 0, so that neither the
+    value nor the gradient meets 0 x inf."""
+    p = z.softmax(dim=-1)
+    return torch.logsumexp(z, dim=-1) - (p * torch.where(torch.isfinite(z), z, 0.0)).sum(-1)
+
+
+def entropy_partials(z: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One vocabulary shard's part of the entropy of softmax(z) over the whole vocabulary (tensor parallelism):
+    s = sum_i exp(z_i - m) and t = sum_i exp(z_i - m) z_i over the shard's tokens, m the maximum over all
+    shards (no gradient). Summed over shards into S and T, `entropy_from_partials` gives the entropy."""
+    e = torch.exp(z - m.unsqueeze(-1))
+    return e.sum(-1), (e * z).sum(-1)
+
+
+def entropy_from_partials(m: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """H = log sum_i exp(z_i) - sum_i p_i z_i = m + log S - T / S (see entropy_partials)."""
+    return m + torch.log(s) - t / s

@@ -199,3 +199,52 @@ def test_tis_weighs_each_tokens_policy_gradient_by_hand():
     for spec in (LossSpec("grpo"), LossSpec("kimi"), LossSpec("kimi_token")):
         assert policy_loss(spec, logp, old - 0.1, mask, adv, 1, 2, is_weight=ones).item() == pytest.approx(
             policy_loss(spec, logp, old - 0.1, mask, adv, 1, 2).item())
+
+
+def test_entropy_bonus_by_hand():
+    """grpo token_mean: surrogate - coef * mean entropy over completion tokens (padding ignored); kimi: - coef *
+    mean over completions of the completion's summed entropy; refused without the entropies."""
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    old, mask, adv = logp.clone(), torch.tensor([[1.0, 1.0], [1.0, 0.0]]), torch.zeros(2)
+    ent = torch.tensor([[0.3, 0.6], [0.9, 50.0]])
+    grpo = LossSpec("grpo", entropy_coef=0.1)
+    assert policy_loss(grpo, logp, old, mask, adv, 2, 3, entropy=ent).item() == pytest.approx(-0.1 * 0.6)
+    kimi = LossSpec("kimi", kimi_tau=0.0, entropy_coef=0.1)
+    assert policy_loss(kimi, logp, old, mask, adv, 2, 3, entropy=ent).item() == pytest.approx(-0.1 * (0.9 + 0.9) / 2)
+    with pytest.raises(ValueError, match="entropy"):
+        policy_loss(grpo, logp, old, mask, adv, 2, 3)
+
+
+def test_entropy_bonus_gradient_raises_the_policy_entropy():
+    """Minimising the loss with only the entropy bonus (zero advantages) makes a peaked categorical flatter: the
+    bonus's gradient follows +H, not -H."""
+    from trainer.sampling import entropy
+
+    logits = torch.tensor([[[3.0, 0.0, -1.0]]], requires_grad=True)
+    label = torch.tensor([[0]])
+    before = entropy(logits.detach()).item()
+    spec = LossSpec("grpo", entropy_coef=1.0)
+    for _ in range(20):
+        logp = logits.log_softmax(-1).gather(-1, label.unsqueeze(-1)).squeeze(-1)
+        loss = policy_loss(spec, logp, logp.detach(), torch.ones(1, 1), torch.zeros(1), 1, 1, entropy=entropy(logits))
+        logits.grad = None
+        loss.backward()
+        with torch.no_grad():
+            logits -= 0.5 * logits.grad
+    assert entropy(logits.detach()).item() > before + 0.3
+
+
+def test_clip_counts_by_hand():
+    """TRL's clip_ratio/low and /high: tokens whose ratio left [1 - eps_low, 1 + eps_high] on the side where the
+    clipped surrogate stops their gradient (low with a negative advantage, high with a positive one)."""
+    from trainer.losses import clip_counts
+
+    old = torch.zeros(2, 3)
+    ratio = torch.tensor([[0.7, 1.0, 1.3], [0.7, 1.1, 1.3]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # sequence 0: positive advantage -> only 1.3 counts (high); sequence 1: negative -> only 0.7 counts (low);
+    # sequence 1's 1.3 is padding
+    low, high = clip_counts(ratio.log(), old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.28)
+    assert (low.item(), high.item()) == (1.0, 1.0)
+    low, high = clip_counts(ratio.log(), old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.35)  # 1.3 within 1 + 0.35
+    assert (low.item(), high.item()) == (1.0, 0.0)

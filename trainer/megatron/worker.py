@@ -8,14 +8,18 @@ import os
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import advantages, kl_estimate, masked_reference, policy_loss, tis_weights
-from trainer.sampling import token_logprobs
+from trainer.losses import advantages, clip_counts, kl_estimate, masked_reference, policy_loss, tis_weights
+from trainer.sampling import entropy, entropy_from_partials, entropy_partials, processed_logits
+
+EntropyMode = Literal["no", "metric", "grad"]
+# What train_step sums per optimizer step (over micro-batches and data-parallel ranks)
+STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -187,21 +191,51 @@ class MegatronWorker:
     def _seq_len(seqs: list[TrainSequence]) -> int:
         return max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
 
-    def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution) -> torch.Tensor:
-        """[b, s] log-probs of the labels under `dist`, from what `_run(..., with_labels=dist.is_raw)` returned
-        on the last stage: the model's own cross entropy for the raw distribution, else its logits (TP shards of
-        the vocabulary), tempered and, when the rollout truncated, truncated over the whole vocabulary."""
-        if dist.is_raw:
-            return -output.float()
+    def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution,
+                        with_entropy: EntropyMode = "no") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """From the last stage's logits [b, s, V / tp] (this rank's vocabulary shard): the labels' log-probs
+        [b, s] under `dist` (tempered and, when the rollout truncated, truncated over the whole vocabulary),
+        differentiable, and the entropy of `dist` at each position [b, s] (`metric`: without gradient, `grad`:
+        differentiable, `no`: None)."""
         from megatron.core import tensor_parallel as tpl
 
         labels = mb["labels"].to(output.device)
         if dist.truncates or self.ps.get_tensor_model_parallel_world_size() == 1:
-            return token_logprobs(tpl.gather_from_tensor_model_parallel_region(output), labels, dist)
-        return -tpl.vocab_parallel_cross_entropy(output.float() / dist.temperature, labels)
+            z = processed_logits(tpl.gather_from_tensor_model_parallel_region(output), labels, dist)
+            logp = z.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+            return logp, self._entropy(z, with_entropy, entropy)
+        z = output.float() / dist.temperature
+        ent = self._entropy(z, with_entropy, self._vocab_parallel_entropy)
+        # Megatron's vocab-parallel cross entropy shifts and exponentiates its input in place: it gets a copy
+        # where the entropy's backward still needs z
+        logp = -tpl.vocab_parallel_cross_entropy(z.clone() if with_entropy == "grad" else z, labels)
+        return logp, ent
 
-    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, with_labels: bool = True,
-             model=None) -> list[dict]:
+    @staticmethod
+    def _entropy(z: torch.Tensor, mode: EntropyMode, fn) -> torch.Tensor | None:
+        if mode == "no":
+            return None
+        if mode == "metric":
+            with torch.no_grad():
+                return fn(z.detach())
+        return fn(z)
+
+    def _vocab_parallel_entropy(self, z: torch.Tensor) -> torch.Tensor:
+        """Entropy of softmax(z) over the vocabulary split across the TP ranks, without gathering it: each rank's
+        partial sums are all-reduced (backward: each rank's own shard's gradient, as Megatron's vocab-parallel
+        cross entropy does)."""
+        import torch.distributed as torch_dist
+        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+        m = z.detach().max(dim=-1).values
+        torch_dist.all_reduce(m, op=torch_dist.ReduceOp.MAX, group=self.ps.get_tensor_model_parallel_group())
+        s, t = entropy_partials(z, m)
+        return entropy_from_partials(m, reduce_from_tensor_model_parallel_region(s),
+                                     reduce_from_tensor_model_parallel_region(t))
+
+    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, model=None) -> list[dict]:
+        """Megatron's forward(-backward) schedule over the micro-batches; `loss_fn(mb, logits)` on the last
+        stage, with logits [b, s, V / tp]."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from trainer.megatron.compat import native_torch
@@ -210,10 +244,8 @@ class MegatronWorker:
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
-            labels = mb["labels"].to(device) if with_labels else None
             with native_torch():  # the model's forward names no device of its own
-                out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
-                            labels=labels)
+                out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None)
             return out, partial(loss_fn, mb)
 
         return get_forward_backward_func()(
@@ -228,12 +260,14 @@ class MegatronWorker:
 
     # ---- public API ---------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None,
-                   updates: int = 1, shuffle_seed: int | None = None) -> dict[str, float]:
+                   updates: int = 1, shuffle_seed: int | None = None, epochs: int = 1) -> dict[str, float]:
         """Optimizer steps on the batch (`mode` "rl" uses the configured RL loss, "sft" the negative
         log-likelihood of the completions) at learning rate `lr` (default: the configured one). The batch is
         cut into `updates` mini-batches, one optimizer step each: consecutive ones, or, with `shuffle_seed`, of
         a seeded permutation (each step then mixes prompts, as TRL's and veRL's mini-batches do); advantages
-        are computed over the whole batch first, so a prompt's baseline always sees all of its samples."""
+        are computed over the whole batch first, so a prompt's baseline always sees all of its samples. With
+        `epochs` > 1 (trainer.epochs) the batch is gone through that many times, each time in a new order,
+        against the same old log-probs."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.trainer.lr if lr is None else lr
         seqs = batch.sequences
@@ -249,24 +283,34 @@ class MegatronWorker:
             raise ValueError("truncated importance sampling needs every sequence's rollout_logprobs")
         dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
-        order = list(range(len(seqs))) if shuffle_seed is None else \
-            torch.randperm(len(seqs), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
-        stats, grad_norms, gap = torch.zeros(5), [], float("nan")
-        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            chunk = order[lo:hi]
-            step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist, batch.tis_cap)
-            if k == 0:
-                gap = float(step_stats[4]) / max(sum(len(seqs[i].completion_ids) for i in chunk), 1)
-            stats += step_stats
-            grad_norms.append(grad_norm)
-        total_tokens = float(sum(len(s.completion_ids) for s in seqs))
-        return {"loss": float(stats[0]) / updates, "logp_mean": float(stats[1]) / total_tokens,
-                "sq_log_ratio": float(stats[2]) / total_tokens, "kl_ref": float(stats[3]) / total_tokens,
-                "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(total_tokens),
-                # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
-                # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
-                "behaviour_gap": gap if mode == "rl" else float("nan"),
-                "reporting": self._reporting_rank()}
+        shuffle = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
+        stats, grad_norms, gap = torch.zeros(len(STATS)), [], float("nan")
+        for epoch in range(epochs):  # each pass over the batch in a new seeded order
+            order = list(range(len(seqs))) if shuffle is None else \
+                torch.randperm(len(seqs), generator=shuffle).tolist()
+            for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+                chunk = order[lo:hi]
+                step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist, batch.tis_cap)
+                if epoch == 0 and k == 0:
+                    gap = float(step_stats[STATS.index("gap")]) / max(sum(len(seqs[i].completion_ids)
+                                                                          for i in chunk), 1)
+                stats += step_stats
+                grad_norms.append(grad_norm)
+        tokens = float(sum(len(s.completion_ids) for s in seqs))
+        per_token = {name: float(v) / (tokens * epochs) for name, v in zip(STATS, stats.tolist())}
+        out = {"loss": float(stats[0]) / (updates * epochs), "logp_mean": per_token["logp"],
+               "sq_log_ratio": per_token["sq_log_ratio"], "entropy": per_token["entropy"],
+               "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(tokens),
+               "optimizer_steps": len(grad_norms),
+               # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
+               # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
+               "behaviour_gap": gap if mode == "rl" else float("nan"),
+               "reporting": self._reporting_rank()}
+        if mode == "rl" and self.reference is not None:
+            out["kl_ref"] = per_token["kl_ref"]
+        if mode == "rl" and self.loss_spec.kind == "grpo":
+            out |= {"clip_fraction_low": per_token["clip_low"], "clip_fraction_high": per_token["clip_high"]}
+        return out
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, tis_cap: float | None) -> tuple[torch.Tensor, float]:
@@ -278,34 +322,40 @@ class MegatronWorker:
         # ranks, which the factor undoes.
         scale = len(mbs) * dp
 
+        spec = self.loss_spec
+        entropy_grad = mode == "rl" and spec.entropy_coef > 0
+
         def loss_fn(mb, output):
-            logp = self._token_logprobs(output, mb, dist)
+            logp, ent = self._token_logprobs(output, mb, dist, "grad" if entropy_grad else "metric")
             mask = mb["mask"].to(logp.device)
             old = mb["old"].to(logp.device)
-            sq = kl = gap = logp.new_zeros(())
+            sq = kl = gap = clip_low = clip_high = logp.new_zeros(())
             if mode == "sft":
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
             else:
+                adv_mb = mb["adv"].to(logp.device)
                 ref = mb["ref"].to(logp.device) if self.reference is not None else None
                 w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
-                loss = policy_loss(self.loss_spec, logp, old, mask, mb["adv"].to(logp.device), n_seqs, n_tokens, ref,
-                                   is_weight=w)
+                loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent)
                 sq = (((logp - old) ** 2) * mask).sum()
                 behaviour = old if tis_cap is None else mb["rollout"].to(logp.device)  # the engines' log-probs
                 gap = ((logp.detach() - behaviour).abs() * mask).sum()
                 if ref is not None:
                     ref = masked_reference(logp, ref, mask)
-                    kl = (kl_estimate(logp.detach(), ref, self.loss_spec.kl_estimator) * mask).sum()
-            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap])
+                    kl = (kl_estimate(logp.detach(), ref, spec.kl_estimator) * mask).sum()
+                if spec.kind == "grpo":
+                    clip_low, clip_high = clip_counts(logp, old, adv_mb, mask, spec.clip_eps_low, spec.clip_eps_high)
+            stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap,
+                                 (ent.detach() * mask).sum(), clip_low, clip_high])
             return loss * scale, {"stats": stats}
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(mbs, loss_fn, seq_len, forward_only=False, with_labels=dist.is_raw)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step skipped (non-finite gradients)")
-        stats = torch.zeros(5)
+        stats = torch.zeros(len(STATS))
         for d in out:
             stats += d["stats"].cpu()
         return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0)
@@ -329,11 +379,10 @@ class MegatronWorker:
         mbs = self._micro_batches(seqs, self._dp_slice(seqs), None, seq_len)
 
         def loss_fn(mb, output):
-            logp = self._token_logprobs(output, mb, dist)
+            logp, _ = self._token_logprobs(output, mb, dist)
             return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=dist.is_raw,
-                        model=self.reference if reference else None)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True, model=self.reference if reference else None)
         if not self._reporting_rank():
             return None
         result: dict[int, list[float]] = {}
@@ -357,7 +406,7 @@ class MegatronWorker:
             full = gather_from_tensor_model_parallel_region(output.float())
             return output.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True, with_labels=False)
+        out = self._run(mbs, loss_fn, seq_len, forward_only=True)
         if not self._reporting_rank():
             return None
         result = {}
