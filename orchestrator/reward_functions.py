@@ -1,50 +1,59 @@
-"""Pluggable rewards (`rewards:` a list of `{fn, weight}`): built-in verifiers and users' functions, called the
-way TRL calls reward functions: `fn(prompts, completions, **columns) -> list[float | None]`, one value per
-completion, None where the function does not apply. `prompts` are the problems' chat messages (or prompt
-strings), `columns` the problems' dataset columns plus `answer`. A user function is imported from the
-environment or the directory tide runs in.
+"""Pluggable rewards (`rewards:` a list of `{fn, weight, name, style, columns}`): tide's built-in verifiers and
+users' functions, called the way TRL or veRL calls them (docs/rewards.md is the users' guide).
+
+- TRL style (TRL 1.16, `GRPOTrainer._calculate_rewards`): once per batch, every argument by keyword:
+  `fn(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=, **columns)` -> one float
+  or None per completion. Chat prompts come as the dataset's message lists and completions as
+  `[{"role": "assistant", "content": text}]`; plain prompts and completions as strings. The columns are a dataset
+  row's, each under its own name, but the prompt's; other tasks' problems give `answer` and their columns.
+- veRL style (veRL 0.8's `NaiveRewardManager`): once per completion, `compute_score(data_source=, solution_str=,
+  ground_truth=, extra_info=)` -> a number, or a dict whose "score" is the reward (its other numeric keys are
+  logged as metrics, the rest as extra columns). `ground_truth` is the problem's answer (`task.answer_field`,
+  e.g. `reward_model.ground_truth`), `data_source` and `extra_info` the row's columns ({} when absent).
+- `columns: {keyword: column.path}` passes more (or renamed) columns to one function, dots reaching into nested
+  ones, so TRL's functions run unchanged on veRL's layout: `{solution: reward_model.ground_truth}`.
+
+A function is `package.module:function` (imported from the environment or the directory tide runs in) or
+`path/to/file.py:function` (relative to the config file's directory). Whether it can take its call is checked at
+start-up, against the columns of one problem when they are known then, and again on every new set of columns.
 
 A sample's reward is the weighted sum of the values that are not None; a sample every function skips gets no
 reward and is left out of training (`None`). Functions run batched in a worker process (they cannot touch the
 driver's state, and a hung one is stopped after `reward_timeout_s`); coroutine functions are awaited there.
+`log_metric(name, value)` values are averaged into `reward/<label>/<name>`; `log_extra(column, values)` columns
+come back with the scores (`ScoredBatch.extra_columns`).
 
-Built-ins: `exact` (whole-string match), `numeric` (numbers with answer extraction: the last \\boxed{}, `####`
-or the last number), `math` (Hugging Face `math-verify`: symbolic equivalence of the extracted answer), `code`
-(the fraction of the problem's tests the completion's code passes in the sandbox: a `tests` column of
-assertions, with an optional `language` column; or stdin/stdout problems, judged per case: a `cases` column
-(a list of {stdin, expected_stdout} or {input, output}, or CodeContests' {"input": [...], "output": [...]})
-with an optional `checker` column (exact | tokens | float | program, sandbox judge mode); or an `answer`
-holding the JSON spec {"language", "tests"} or {"language", "cases", "checker"}; None for a problem with none), `length` (Kimi k1.5's length reward, arXiv:2501.12599 section 2.3.3: within
-each prompt's samples, lam = 0.5 - (len - min_len) / (max_len - min_len) in tokens; a sample counts as correct
-when the weighted sum of the other functions exceeds 0.5 and gets lam, an incorrect one min(0, lam); computed
-on the driver after the others, for the samples they scored)."""
+Built-ins (`exact`, `numeric`, `math`, `code`, `length`) are tide's own, called with the reference answer as
+`answer` (orchestrator/reward_builtins.py)."""
 from __future__ import annotations
 
 import asyncio
-import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
-import json
 import math
 import multiprocessing
 import os
-import re
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rollout.tasks.verifiers import exact_match, numeric_match
+from ckpt_transfer.config import resolve_config_path
+from orchestrator.reward_builtins import BUILTIN_FNS, BUILTINS, LENGTH, length_values
+from rollout.tasks.dataset import MISSING, field_value
 
-BUILTINS = ("exact", "numeric", "math", "code", "length")
-LENGTH = "length"
-CORRECT_ABOVE = 0.5  # `length`: a sample whose other rewards sum above this counts as correct
-_PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?(/\d+)?")
+# What TRL 1.16's GRPOTrainer passes every reward function by keyword besides the columns (it also passes
+# `environments` with environment factories, which tide has not)
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")  # veRL's compute_score call
+Style = Literal["auto", "trl", "verl"]
 
 
 class RewardSpec(BaseModel):
@@ -52,13 +61,67 @@ class RewardSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fn: str  # a built-in name, or "package.module:function"
-    weight: float = 1.0
-    name: str | None = None  # in metrics as reward/<name>; default: the built-in's or the function's name
+    fn: str = Field(description="A built-in (exact, numeric, math, code, length), `package.module:function` or "
+                                "`path/to/file.py:function`.")
+    weight: float = Field(1.0, description="Factor of this function's values in a sample's reward.")
+    name: str | None = Field(None, description="Its name in metrics (reward/<name>); null: the built-in's or the "
+                                               "function's name.")
+    style: Style = Field("auto", description="How a user's function is called: trl (per batch, by keyword, as "
+                                             "TRL's GRPOTrainer), verl (per completion, as veRL's compute_score), "
+                                             "auto (verl when it takes solution_str and ground_truth).")
+    columns: dict[str, str] = Field(default_factory=dict,
+                                    description="Keyword -> column path (dots reach into nested columns) passed to "
+                                                "this function besides the row's columns, e.g. "
+                                                "{solution: reward_model.ground_truth}.")
 
     @property
     def label(self) -> str:
         return self.name or self.fn.rpartition(":")[2]
+
+    @field_validator("fn")
+    @classmethod
+    def _file_relative_to_config(cls, fn: str, info: ValidationInfo) -> str:
+        """`path/to/file.py:function` names its file relative to the config file's directory, as every path of
+        a config does; the resolved config holds the absolute path."""
+        source, sep, attr = fn.rpartition(":")
+        if sep and source.endswith(".py"):
+            return f"{resolve_config_path(source, info)}:{attr}"
+        return fn
+
+    @model_validator(mode="after")
+    def _builtin_options(self) -> "RewardSpec":
+        if self.fn in BUILTINS and self.style != "auto":
+            raise ValueError(f"style: {self.fn!r} is a built-in, called tide's way (style is for users' functions)")
+        if self.fn == LENGTH and self.columns:
+            raise ValueError("columns: the `length` reward reads no columns")
+        return self
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """`trainer_state` of a TRL-style call: the progress fields of transformers' TrainerState that TRL passes
+    (optimizer steps done before this batch, and the run's total)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+@dataclass
+class RewardBatch:
+    """One reward call's completions and what the functions read of their problems, one entry per completion."""
+
+    prompts: list  # as TRL passes them: the dataset's chat messages, or prompt strings
+    completions: list[str]  # texts, special tokens left out (as TRL and veRL decode them)
+    columns: dict[str, list]  # each column under its own name
+    answers: list[Any]  # each problem's reference answer: the built-ins' `answer`, veRL's `ground_truth`
+    completion_ids: Sequence[Sequence[int]] = ()  # the engine's tokens; empty: not known ([] each)
+    groups: Sequence[int] = ()  # the prompt each completion answers (what `length` needs)
+    trainer_state: TrainerState | None = None  # None: zeros
+
+    @property
+    def chat(self) -> bool:
+        # TRL 1.16 (`is_conversational` of the first prompt): message prompts get message completions
+        return bool(self.prompts) and isinstance(self.prompts[0], list)
 
 
 class RewardFunctionError(RuntimeError):
@@ -66,146 +129,244 @@ class RewardFunctionError(RuntimeError):
     per completion; the message names it."""
 
 
-def _exact(prompts, completions, answer, **_) -> list[float]:
-    return [exact_match(c, a) for c, a in zip(completions, answer)]
-
-
-def _numeric(prompts, completions, answer, **_) -> list[float]:
-    return [numeric_match(c, a) for c, a in zip(completions, answer)]
-
-
-def _math(prompts, completions, answer, **_) -> list[float]:
-    return [_math_equivalent(c, a) for c, a in zip(completions, answer)]
-
-
-def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, cases=None, checker=None,
-          **_) -> list[float | None]:
-    from rollout.tasks.code import score_in_sandbox
-    from sandbox.client import SandboxClient
-
-    def column(values, i):
-        return values[i] if values else None
-
-    specs = [_code_spec(answer[i], column(tests, i), column(language, i), column(cases, i), column(checker, i))
-             for i in range(len(completions))]
-    todo = [i for i, spec in enumerate(specs) if spec is not None]
-    out: list[float | None] = [None] * len(completions)
-    client = SandboxClient(sandbox_url, token=os.environ.get("TIDE_SANDBOX_TOKEN"))
-    scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], _code_limits())
-    for i, v in zip(todo, scores):
-        out[i] = v
-    return out
-
-
-def _code_spec(answer: Any, tests: Any, language: Any, cases: Any = None, checker: Any = None) -> dict | None:
-    if tests:
-        return {"language": language or "python", "tests": list(tests)}
-    if cases:
-        cases = json.loads(cases) if isinstance(cases, str) else cases
-        checker = json.loads(checker) if isinstance(checker, str) else checker
-        return {"language": language or "python", "cases": cases, "checker": checker}
-    try:
-        spec = json.loads(answer) if isinstance(answer, str) else answer
-    except ValueError:
-        return None
-    return spec if isinstance(spec, dict) and (spec.get("tests") or spec.get("cases")) else None
-
-
-@functools.lru_cache(maxsize=65536)
-def _math_equivalent(completion: str, reference: str) -> float:
-    """math-verify's verdict (about 1 ms per pair here, so pairs are cached in the worker: samples of one prompt
-    repeat); two plain numbers are compared exactly without it, as it would compare them."""
-    a, b = _plain_number(completion), _plain_number(reference)
-    if a is not None and b is not None:
-        return float(a == b)
-    from math_verify import parse, verify
-
-    gold, got = parse(reference), parse(completion)
-    return float(bool(gold) and bool(got) and verify(gold, got))
-
-
-def _plain_number(text: str) -> Fraction | None:
-    text = text.strip()
-    if not _PLAIN_NUMBER.fullmatch(text):
-        return None
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-_BUILTIN_FNS: dict[str, Callable] = {"exact": _exact, "numeric": _numeric, "math": _math, "code": _code}
-
-
-def _code_limits():
-    from sandbox.models import Limits
-
-    return Limits(timeout_s=5.0, memory_mb=256, output_kb=64)  # the code task's own limits
-
-
 def load_reward_function(fn: str) -> Callable:
-    """A built-in by name or `package.module:function`; checked to take (prompts, completions, **columns)."""
-    if fn in _BUILTIN_FNS:
-        return _BUILTIN_FNS[fn]
-    if os.getcwd() not in sys.path:  # `tide` is a console script: the directory it runs in is not on the path
-        sys.path.append(os.getcwd())
-    module_name, sep, attr = fn.partition(":")
-    if not sep or not module_name or not attr:
+    """A built-in by name, `package.module:function` or `path/to/file.py:function`."""
+    if fn in BUILTIN_FNS:
+        return BUILTIN_FNS[fn]
+    source, sep, attr = fn.rpartition(":")
+    if not sep or not source or not attr:
         raise RewardFunctionError(f"reward {fn!r}: not a built-in ({', '.join(BUILTINS)}) nor "
-                                  f"'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # an import error of any kind inside the user's module
-        raise RewardFunctionError(f"reward {fn!r}: cannot import {module_name}: {type(e).__name__}: {e}") from None
+                                  f"'package.module:function' nor 'path/to/file.py:function'")
+    module = _import_file(fn, source) if source.endswith(".py") else _import_module(fn, source)
     func = getattr(module, attr, None)
     if not callable(func):
-        raise RewardFunctionError(f"reward {fn!r}: {module_name} has no function {attr!r}")
-    _check_signature(fn, func)
+        raise RewardFunctionError(f"reward {fn!r}: {source} has no function {attr!r}")
     return func
 
 
-def _check_signature(label: str, func: Callable) -> None:
-    """Every column is passed as a keyword, so the function needs a **kwargs (it may also name columns)."""
+def _import_module(fn: str, name: str) -> Any:
+    if os.getcwd() not in sys.path:  # `tide` is a console script: the directory it runs in is not on the path
+        sys.path.append(os.getcwd())
     try:
-        sig = inspect.signature(func)
-        sig.bind_partial(["p"], ["c"])
-        ok = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+        return importlib.import_module(name)
+    except Exception as e:  # an import error of any kind inside the user's module
+        raise RewardFunctionError(f"reward {fn!r}: cannot import {name}: {type(e).__name__}: {e}") from None
+
+
+def _import_file(fn: str, path: str) -> Any:
+    """A module from a file, imported once per process under a name of its own."""
+    file = Path(path).expanduser().resolve()
+    name = f"tide_reward_{file.stem}_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not file.is_file():
+        raise RewardFunctionError(f"reward {fn!r}: no such file {file}")
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it, as an import does (dataclasses and pickling look it up)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise RewardFunctionError(f"reward {fn!r}: cannot import {file}: {type(e).__name__}: {e}") from None
+    return module
+
+
+def call_style(spec: RewardSpec, func: Callable) -> str:
+    """`builtin`, `trl` or `verl`: `auto` is veRL's for a function that takes solution_str and ground_truth."""
+    if spec.fn in BUILTIN_FNS:
+        return "builtin"
+    if spec.style != "auto":
+        return spec.style
+    names = set(_signature(spec, func).parameters)
+    return "verl" if {"solution_str", "ground_truth"} <= names else "trl"
+
+
+def _signature(spec: RewardSpec, func: Callable) -> inspect.Signature:
+    try:
+        return inspect.signature(func)
     except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise RewardFunctionError(f"reward {label!r}: must accept (prompts, completions, **columns); its signature "
-                                  f"is {inspect.signature(func)}")
+        raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}): its signature cannot be read") from None
 
 
-def _call(fn: str, prompts: list, completions: list[str], columns: dict[str, list], options: dict) -> list:
-    """In the worker process: load and call one function on the whole batch (`options`: a built-in's settings,
-    e.g. the sandbox's address for `code`)."""
+def call_problem(sig: inspect.Signature, keywords: set[str], columns_known: bool = True) -> str | None:
+    """Why calling with exactly `keywords`, all by keyword, would fail; None when it would not. With
+    `columns_known` False a parameter not among `keywords` may still be a column, and is not reported missing."""
+    params = sig.parameters.values()
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    positional_only = [p.name for p in required if p.kind is p.POSITIONAL_ONLY]
+    if positional_only:
+        return f"its parameter(s) {', '.join(positional_only)} are positional-only; every argument comes by keyword"
+    missing = [p.name for p in required if p.name not in keywords] if columns_known else []
+    if missing:
+        return f"nothing is passed as its parameter(s) {', '.join(missing)}"
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        unexpected = sorted(keywords - named)
+        if unexpected:
+            return f"it takes no {', '.join(unexpected)} (and no **kwargs)"
+    return None
+
+
+@dataclass
+class _Function:
+    """A configured function as the driver knows it (the worker imports it again from `spec.fn`)."""
+
+    spec: RewardSpec
+    style: str  # builtin | trl | verl
+    signature: inspect.Signature | None  # None for built-ins
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    def keywords(self, columns: Collection[str]) -> set[str]:
+        """What its call passes by keyword, given the batch's column names."""
+        mapped = set(self.spec.columns)
+        if self.style == "verl":
+            return set(VERL_KEYWORDS) | mapped
+        return set(TRL_KEYWORDS) | set(columns) | mapped
+
+    def check(self, columns: Collection[str] | None) -> None:
+        """Refuses a function that cannot take its call (`columns`: the column names, None: not known yet)."""
+        if self.signature is None:
+            return
+        known = columns is not None or self.style == "verl"  # veRL's call passes no columns
+        problem = call_problem(self.signature, self.keywords(columns or ()), columns_known=known)
+        if problem is None:
+            return
+        spec = self.spec
+        if self.style == "verl":
+            hint = f"veRL style: called per completion with {', '.join(VERL_KEYWORDS)} and `columns:`"
+        else:
+            shown = f"the columns {', '.join(sorted(columns))}" if columns is not None else "the dataset's columns"
+            hint = f"TRL style: called with {', '.join(TRL_KEYWORDS)}, {shown} and `columns:`"
+        raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) cannot take its call: {problem}; its "
+                                  f"signature is {self.signature} ({hint}; a parameter none of these fill needs a "
+                                  f"default or a `columns: {{name: column.path}}` entry, and a function without "
+                                  f"**kwargs must name every keyword)")
+
+
+def _load(spec: RewardSpec) -> _Function:
+    func = load_reward_function(spec.fn)
+    style = call_style(spec, func)
+    return _Function(spec, style, None if style == "builtin" else _signature(spec, func))
+
+
+def _column_values(columns: dict[str, list], path: str, n: int) -> list:
+    """Each completion's value at a column path (None where it leads nowhere)."""
+    rows = [{k: v[i] for k, v in columns.items()} for i in range(n)]
+    return [None if v is MISSING else v for v in (field_value(row, path) for row in rows)]
+
+
+def _call_kwargs(f: _Function, batch: RewardBatch, options: dict[str, Any]) -> dict[str, Any]:
+    """Everything a call passes by keyword, one list per argument (veRL's are split per completion in the
+    worker); `options`: a built-in's settings (the sandbox's address for `code`)."""
+    n = len(batch.completions)
+    mapped = {k: _column_values(batch.columns, path, n) for k, path in f.spec.columns.items()}
+    if f.style == "builtin":
+        return {**batch.columns, "answer": batch.answers, **mapped, "prompts": batch.prompts,
+                "completions": batch.completions, **options}
+    if f.style == "verl":  # veRL's NaiveRewardManager: ground truth, data source and extra info of the row
+        extra_info = batch.columns.get("extra_info", [None] * n)
+        return {"data_source": batch.columns.get("data_source", [None] * n), "solution_str": batch.completions,
+                "ground_truth": batch.answers, "extra_info": [{} if e is None else e for e in extra_info], **mapped}
+    completions: list = ([[{"role": "assistant", "content": t}] for t in batch.completions] if batch.chat
+                         else batch.completions)
+    return {**batch.columns, **mapped, "prompts": batch.prompts, "completions": completions,
+            "completion_ids": [list(ids) for ids in batch.completion_ids] or [[] for _ in range(n)],
+            "trainer_state": batch.trainer_state or TrainerState()}
+
+
+@dataclass
+class _Outcome:
+    """What one function's call gave, back from the worker."""
+
+    values: Any  # checked on the driver: one number or None per completion
+    metrics: dict[str, list]  # log_metric's values (veRL: the result dicts' other numeric keys)
+    extra: dict[str, list]  # log_extra's columns (veRL: the result dicts' other keys)
+
+
+class _Logs:
+    """The `log_metric` and `log_extra` callables TRL passes, collecting in the worker."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, list] = {}
+        self.extra: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(name, []).append(value)
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra.setdefault(column, []).extend(values)  # TRL 1.16 extends a column logged twice
+
+
+def _call(fn: str, style: str, kwargs: dict[str, Any]) -> _Outcome:
+    """In the worker process: load and call one function on the whole batch."""
     func = load_reward_function(fn)
-    result = func(prompts, completions, **columns, **options)
-    if inspect.isawaitable(result):
-        result = asyncio.run(_await(result))
-    return list(result) if isinstance(result, (list, tuple)) else result
+    if style == "verl":
+        return _call_verl(func, kwargs)
+    logs = _Logs()
+    if style == "trl":
+        kwargs = {**kwargs, "log_extra": logs.log_extra, "log_metric": logs.log_metric}
+    result = _resolved([func(**kwargs)])[0]
+    return _Outcome(list(result) if isinstance(result, (list, tuple)) else result, logs.metrics, logs.extra)
+
+
+def _call_verl(func: Callable, kwargs: dict[str, list]) -> _Outcome:
+    n = len(kwargs["solution_str"])
+    results = _resolved([func(**{k: v[i] for k, v in kwargs.items()}) for i in range(n)])
+    logs, values = _Logs(), []
+    for i, result in enumerate(results):
+        if not isinstance(result, dict):
+            values.append(result)
+            continue
+        values.append(result.get("score", result))  # a dict without a score is refused on the driver
+        for key, value in result.items():
+            if key == "score":
+                continue
+            if isinstance(value, (int, float)):  # veRL's `acc` is often a bool: its mean is the accuracy
+                logs.log_metric(key, float(value))
+            else:
+                logs.extra.setdefault(key, [None] * n)[i] = value
+    return _Outcome(values, logs.metrics, logs.extra)
+
+
+def _resolved(results: list) -> list:
+    """The results with every awaitable among them awaited, concurrently."""
+    pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
+    if pending:
+        done = asyncio.run(_gather([results[i] for i in pending]))
+        for i, r in zip(pending, done):
+            results[i] = r
+    return results
+
+
+async def _gather(awaitables: list) -> list:
+    return await asyncio.gather(*awaitables)
 
 
 def _ready() -> bool:
     return True
 
 
-async def _await(awaitable):
-    return await awaitable
-
-
 @dataclass
 class ScoredBatch:
     rewards: list[float | None]  # None: every function skipped the sample (left out of training)
-    per_function: dict[str, float]  # reward/<label>: mean over the samples the function scored
+    # reward/<label>: mean over the samples the function scored; reward/<label>/<name>: its logged metrics' means
+    per_function: dict[str, float]
+    # columns logged with log_extra (and veRL dicts' other keys), one value per sample; a column a function
+    # listed earlier logged too is named <label>/<column>
+    extra_columns: dict[str, list] = field(default_factory=dict)
 
 
 class RewardFunctions:
-    """The configured functions with a worker process pool; `close()` stops the workers."""
+    """The configured functions with a worker process pool; `close()` stops the workers. `columns`: one
+    problem's columns as the functions get them (e.g. a dataset's first row), to check at start-up that every
+    function can take its call; without them each new set of columns is checked at its first batch."""
 
     def __init__(self, specs: Sequence[RewardSpec], timeout_s: float = 60.0, workers: int = 1,
-                 sandbox_url: str | None = None) -> None:
+                 sandbox_url: str | None = None, columns: Mapping[str, Any] | None = None) -> None:
         if not specs:
             raise ValueError("no reward functions")
         labels = [s.label for s in specs]
@@ -213,14 +374,17 @@ class RewardFunctions:
             raise RewardFunctionError(f"rewards: two functions would both report as reward/<name> for "
                                       f"{sorted({x for x in labels if labels.count(x) > 1})}: give them `name`s")
         self.length = [s for s in specs if s.fn == LENGTH]
-        self.specs = [s for s in specs if s.fn != LENGTH]  # called in the workers
-        if len(self.length) > 1 or (self.length and not self.specs):
+        self.functions = [_load(s) for s in specs if s.fn != LENGTH]  # called in the workers
+        if len(self.length) > 1 or (self.length and not self.functions):
             raise RewardFunctionError("rewards: `length` shapes the other rewards: give it once, beside at least "
                                       "one other function")
-        for s in self.specs:
-            load_reward_function(s.fn)  # import errors and wrong signatures stop the run before it starts
-        if any(s.fn == "code" for s in self.specs) and not sandbox_url:
+        if any(s.fn == "code" for s in specs) and not sandbox_url:
             raise RewardFunctionError("reward 'code' needs a sandbox: none is running or configured (sandbox.url)")
+        for f in self.functions:  # import errors and calls a function cannot take stop the run before it starts
+            if columns is not None:
+                _check_paths(f.spec, columns)
+            f.check(None if columns is None else list(columns))
+        self._checked: set[frozenset[str]] = set()
         self._options = {"code": {"sandbox_url": sandbox_url}}
         self.timeout_s, self.workers = timeout_s, workers
         self._pool = self._new_pool()
@@ -233,38 +397,67 @@ class RewardFunctions:
             f.result()
         return pool
 
-    def score(self, prompts: list, completions: list[str], columns: dict[str, list[Any]],
-              lengths: Sequence[int] = (), groups: Sequence[int] = ()) -> ScoredBatch:
-        """`lengths` (completion tokens) and `groups` (the prompt of each completion) are what `length` needs."""
-        n = len(completions)
-        values: dict[str, list] = {}
-        futures = {s.label: self._pool.submit(_call, s.fn, prompts, completions, columns, self._options.get(s.fn, {}))
-                   for s in self.specs}
-        for spec in self.specs:
-            try:
-                got = futures[spec.label].result(timeout=self.timeout_s)
-            except FutureTimeout:
-                self._restart_pool()
-                raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) did not return within "
-                                          f"reward_timeout_s = {self.timeout_s:g}") from None
-            except RewardFunctionError:
-                raise
-            except Exception as e:
-                raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) raised {type(e).__name__}: {e}") from None
-            values[spec.label] = _validated(spec, got, n)
+    def score(self, prompts: list, completions: list[str], columns: dict[str, list[Any]], *,
+              completion_ids: Sequence[Sequence[int]] = (), groups: Sequence[int] = ()) -> ScoredBatch:
+        """A batch whose reference answers are the `answer` column (tasks that are not datasets)."""
+        answers = columns.get("answer", [None] * len(completions))
+        return self.score_batch(RewardBatch(prompts, completions, columns, answers, completion_ids, groups))
+
+    def score_batch(self, batch: RewardBatch) -> ScoredBatch:
+        n = len(batch.completions)
+        self._check_columns(batch.columns)
+        futures = {f.label: self._pool.submit(_call, f.spec.fn, f.style,
+                                              _call_kwargs(f, batch, self._options.get(f.spec.fn, {})))
+                   for f in self.functions}
+        outcomes = {f.label: self._outcome(f, futures[f.label], n) for f in self.functions}
+        values = {label: o.values for label, o in outcomes.items()}
         rewards: list[float | None] = []
         for i in range(n):
-            scored = [(s.weight, values[s.label][i]) for s in self.specs if values[s.label][i] is not None]
+            scored = [(f.spec.weight, values[f.label][i]) for f in self.functions if values[f.label][i] is not None]
             rewards.append(sum(w * v for w, v in scored) if scored else None)
         for spec in self.length:
-            values[spec.label] = _length_values(rewards, lengths, groups)
+            lengths = [len(ids) for ids in batch.completion_ids]
+            values[spec.label] = length_values(rewards, lengths, batch.groups)
             rewards = [r if v is None else r + spec.weight * v for r, v in zip(rewards, values[spec.label])]
         per_function = {}
-        for s in self.specs + self.length:
-            vs = [v for v in values[s.label] if v is not None]
-            if vs:
-                per_function[f"reward/{s.label}"] = sum(vs) / len(vs)
-        return ScoredBatch(rewards, per_function)
+        for label, vs in values.items():
+            scored_values = [v for v in vs if v is not None]
+            if scored_values:
+                per_function[f"reward/{label}"] = sum(scored_values) / len(scored_values)
+        extra_columns: dict[str, list] = {}
+        for label, outcome in outcomes.items():
+            per_function.update({f"reward/{label}/{name}": sum(vs) / len(vs)
+                                 for name, vs in outcome.metrics.items() if vs})
+            for column, column_values in outcome.extra.items():
+                extra_columns[column if column not in extra_columns else f"{label}/{column}"] = column_values
+        return ScoredBatch(rewards, per_function, extra_columns)
+
+    def _check_columns(self, columns: Mapping[str, list]) -> None:
+        """Each new set of column names: every function must take the call they make."""
+        names = frozenset(columns)
+        if names not in self._checked:
+            for f in self.functions:
+                f.check(names)
+            self._checked.add(names)
+
+    def _outcome(self, f: _Function, future: Future, n: int) -> _Outcome:
+        try:
+            got = future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            self._restart_pool()
+            raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) did not return within "
+                                      f"reward_timeout_s = {self.timeout_s:g}") from None
+        except RewardFunctionError:
+            raise
+        except Exception as e:
+            raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) raised {type(e).__name__}: {e}") from None
+        got.values = _validated(f.spec, got.values, n)
+        got.metrics = {name: _metric_values(f.spec, name, vs) for name, vs in got.metrics.items()}
+        for column, column_values in got.extra.items():
+            if not isinstance(column_values, list) or len(column_values) != n:
+                raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) logged column {column!r} with "
+                                          f"{len(column_values)} values for {n} completions")
+        return got
 
     def _restart_pool(self) -> None:
         """A hung function keeps its worker busy: the pool's processes are ended and a fresh pool replaces it."""
@@ -277,22 +470,17 @@ class RewardFunctions:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _length_values(rewards: list[float | None], lengths: Sequence[int], groups: Sequence[int]) -> list[float | None]:
-    import torch
+def _check_paths(spec: RewardSpec, columns: Mapping[str, Any]) -> None:
+    """Every column path a function's `columns:` names must lead somewhere in the example row."""
+    for keyword, path in spec.columns.items():
+        if field_value(columns, path) is MISSING:
+            raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}): columns: {{{keyword}: {path}}}: no such "
+                                      f"column; the columns: {', '.join(sorted(columns))} (dots reach into "
+                                      f"nested ones)")
 
-    from trainer.losses import length_reward
 
-    if len(lengths) != len(rewards) or len(groups) != len(rewards):
-        raise ValueError("the `length` reward needs every completion's length and group")
-    kept = [i for i, r in enumerate(rewards) if r is not None]
-    out: list[float | None] = [None] * len(rewards)
-    if kept:
-        lam = length_reward(torch.tensor([lengths[i] for i in kept]),
-                            torch.tensor([rewards[i] > CORRECT_ABOVE for i in kept]),
-                            torch.tensor([groups[i] for i in kept]))
-        for i, v in zip(kept, lam.tolist()):
-            out[i] = v
-    return out
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _validated(spec: RewardSpec, got: Any, n: int) -> list[float | None]:
@@ -303,9 +491,18 @@ def _validated(spec: RewardSpec, got: Any, n: int) -> list[float | None]:
     for i, v in enumerate(got):
         if v is None:
             out.append(None)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        elif _is_number(v):
             out.append(float(v))
         else:
+            hint = " (a veRL dict holds it as 'score')" if isinstance(v, dict) else ""
             raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) returned {v!r} for completion {i}: "
-                                      f"a finite number or None is required")
+                                      f"a finite number or None is required{hint}")
     return out
+
+
+def _metric_values(spec: RewardSpec, name: str, values: list) -> list[float]:
+    bad = [v for v in values if not isinstance(v, (int, float))]
+    if bad:
+        raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) logged metric {name!r} = {bad[0]!r}: a "
+                                  f"number is required")
+    return [float(v) for v in values]

@@ -19,6 +19,10 @@ class Problem:
     # the prompt's token ids, set when the driver renders it (orchestrator/prompts.py); empty: the engines
     # tokenise `prompt` themselves
     prompt_ids: tuple[int, ...] = ()
+    # dataset rows: the column path `answer` was read from (`task.answer_field`); `columns` then hold the whole
+    # row but its prompt column, the answer under its own name, as TRL passes a row to reward functions. None:
+    # tasks that are not datasets, whose reward functions get `answer` beside `columns`
+    answer_field: str | None = None
 
 
 @runtime_checkable

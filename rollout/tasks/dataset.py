@@ -1,9 +1,12 @@
 """Users' datasets (`task.name: dataset`): a local .jsonl, .json, .parquet or .csv file read with the `datasets`
-library (never the hub), one problem per row: `prompt_field` (a string, or chat messages {role, content}),
-`answer_field`, and every other column carried to the scorer. Scored by numeric match with answer extraction
+library (never the hub), one problem per row: `prompt_field` (a string, or chat messages {role, content}) and
+`answer_field`, each a column's name or a dotted path into nested columns (`reward_model.ground_truth`, veRL's
+parquet layout). Every column but the prompt's travels with the problem (the answer's too, under its own name:
+reward functions get the row as TRL gives it). Scored by numeric match with answer extraction
 (`verifiers.numeric_match`); the rows of `eval_path` are the eval phase's held-out problems."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,42 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return data.to_list()
 
 
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()  # what `field_value` gives for a path that leads nowhere (a null is a value)
+
+
+def field_value(row: Mapping[str, Any], path: str) -> Any:
+    """The value at a column path: a column's name, or names joined by dots into nested dicts
+    (`reward_model.ground_truth`); a column whose own name holds the dots is taken first. MISSING where a key
+    is absent or a value on the way is not a dict."""
+    if path in row:
+        return row[path]
+    value: Any = row
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return MISSING
+        value = value[key]
+    return value
+
+
+def _missing_field(where: str, path: str, row: Mapping[str, Any]) -> TaskDataError:
+    """The error for a path that leads nowhere, naming the deepest dict it reached and that dict's keys."""
+    parts = path.split(".")
+    reached, holder = "the row", row
+    for depth in range(1, len(parts)):
+        inner = field_value(row, ".".join(parts[:depth]))
+        if not isinstance(inner, Mapping):
+            break
+        reached, holder = repr(".".join(parts[:depth])), inner
+    return TaskDataError(f"{where}: field {path!r} is missing or null ({reached} has "
+                         f"{', '.join(map(repr, sorted(holder)))}; task.prompt_field / task.answer_field name the "
+                         f"columns, dots reach into nested ones)")
+
+
 def problems_from_rows(rows: list[dict[str, Any]], path: str | Path, prompt_field: str,
                        answer_field: str) -> list[Problem]:
     if not rows:
@@ -38,10 +77,10 @@ def problems_from_rows(rows: list[dict[str, Any]], path: str | Path, prompt_fiel
     for i, row in enumerate(rows, 1):
         where = f"{path}: row {i}"
         for name in (prompt_field, answer_field):
-            if row.get(name) is None:
-                raise TaskDataError(f"{where}: field {name!r} is missing or null (task.prompt_field / "
-                                    f"task.answer_field name the columns)")
-        prompt = row[prompt_field]
+            value = field_value(row, name)
+            if value is MISSING or value is None:
+                raise _missing_field(where, name, row)
+        prompt = field_value(row, prompt_field)
         messages: tuple[dict, ...] = ()
         if isinstance(prompt, list):
             if not prompt or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
@@ -52,8 +91,10 @@ def problems_from_rows(rows: list[dict[str, Any]], path: str | Path, prompt_fiel
         elif not isinstance(prompt, str):
             raise TaskDataError(f"{where}: field {prompt_field!r} must be a string or a list of {{role, content}} "
                                 f"messages, not {type(prompt).__name__}")
-        columns = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
-        out.append(Problem(Path(path).stem, prompt, str(row[answer_field]), messages, columns))
+        # TRL (1.16, GRPOTrainer._calculate_rewards) passes every column but "prompt" to reward functions
+        columns = {k: v for k, v in row.items() if k != prompt_field}
+        out.append(Problem(Path(path).stem, prompt, str(field_value(row, answer_field)), messages, columns,
+                           answer_field=answer_field))
     return out
 
 

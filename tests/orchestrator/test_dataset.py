@@ -47,7 +47,49 @@ def test_formats_columns_and_messages(tmp_path):
         assert got == sorted((r["prompt"], r["answer"], r["level"]) for r in flat), path
     chat = DatasetTask(str(_jsonl(tmp_path / "chat.jsonl", ROWS)), prompt_field="q")
     p = chat.problems(0, 0, 1)[0]
-    assert p.prompt == "" and p.messages[0]["role"] == "user" and set(p.columns) == {"level"}
+    # every column but the prompt's travels with the problem, the answer's under its own name (TRL's reward call)
+    assert p.prompt == "" and p.messages[0]["role"] == "user" and set(p.columns) == {"answer", "level"}
+    assert p.answer_field == "answer" and p.columns["answer"] == int(p.answer)
+
+
+VERL_ROWS = [{"data_source": "arith", "prompt": [{"role": "user", "content": f"{a}+1="}],
+              "reward_model": {"style": "rule", "ground_truth": str(a + 1)}, "extra_info": {"index": a}}
+             for a in range(4)]
+
+
+def test_nested_fields_with_dots(tmp_path):
+    """veRL's parquet layout: the answer at reward_model.ground_truth; the prompt may be nested too; the
+    columns keep the nested dicts whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(VERL_ROWS), tmp_path / "train.parquet")
+    task = DatasetTask(str(tmp_path / "train.parquet"), answer_field="reward_model.ground_truth")
+    got = sorted(task.problems(0, 0, 4), key=lambda p: p.answer)
+    assert [p.answer for p in got] == ["1", "2", "3", "4"]
+    assert [p.messages[0]["content"] for p in got] == ["0+1=", "1+1=", "2+1=", "3+1="]
+    assert set(got[0].columns) == {"data_source", "reward_model", "extra_info"}
+    assert got[0].columns["reward_model"] == {"style": "rule", "ground_truth": "1"}
+    nested = [{"q": {"text": "1+1="}, "meta": {"gold": {"value": 2}}}]
+    p = DatasetTask(str(_jsonl(tmp_path / "n.jsonl", nested)), prompt_field="q.text",
+                    answer_field="meta.gold.value").problems(0, 0, 1)[0]
+    assert (p.prompt, p.answer, set(p.columns)) == ("1+1=", "2", {"q", "meta"})
+    dotted = [{"prompt": "1+1=", "a.b": "2"}]  # a column whose own name holds a dot is found first
+    assert DatasetTask(str(_jsonl(tmp_path / "d.jsonl", dotted)), answer_field="a.b").problems(0, 0, 1)[0].answer == "2"
+
+
+@pytest.mark.parametrize("rows,field,message", [
+    ([VERL_ROWS[0], {**VERL_ROWS[1], "reward_model": {"style": "rule"}}], "reward_model.ground_truth",
+     r"bad.jsonl: row 2: field 'reward_model.ground_truth' is missing or null \('reward_model' has 'style'"),
+    ([VERL_ROWS[0], {**VERL_ROWS[1], "reward_model": None}], "reward_model.ground_truth",
+     r"row 2: field 'reward_model.ground_truth' is missing or null \(the row has 'data_source', 'extra_info', "
+     r"'prompt', 'reward_model'"),
+    ([VERL_ROWS[0]], "reward_model.truth.value",
+     r"row 1: field 'reward_model.truth.value' is missing or null \('reward_model' has 'ground_truth', 'style'"),
+])
+def test_missing_nested_fields_are_named(tmp_path, rows, field, message):
+    with pytest.raises(TaskDataError, match=message):
+        DatasetTask(str(_jsonl(tmp_path / "bad.jsonl", rows)), answer_field=field)
 
 
 def test_cursor_is_a_pure_function_of_seed_and_iteration(tmp_path):
