@@ -3,9 +3,35 @@ sections (the transport's own knobs, `transfer.mooncake:`, are `transport.Transf
 no torch, Ray or Mooncake import."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
 from .transport import TransferConfig
+
+
+def config_dir(info: ValidationInfo) -> Path:
+    """The directory a config's relative paths resolve against: the validation context's `config_dir` (the
+    config file's directory, set by orchestrator.config.load_config), else the working directory."""
+    return Path((info.context or {}).get("config_dir") or Path.cwd())
+
+
+def resolve_config_path(value: str, info: ValidationInfo) -> str:
+    """`value` (~ expanded) as an absolute, normalised path; a relative one joined to `config_dir(info)`."""
+    return os.path.abspath(config_dir(info) / Path(value).expanduser())
+
+
+def missing_path(what: str, path: str, info: ValidationInfo) -> str:
+    """The message for a resolved path that does not exist, saying where relative paths are looked for."""
+    where = "the config file's directory" if (info.context or {}).get("config_dir") else "the working directory"
+    return f"no such {what} {path!r} (relative paths resolve against {where} {config_dir(info)})"
+
+
+# A path in the YAML. Held absolute once validated, so that the resolved config (RUN_DIR/config.yaml) means the
+# same from any directory; defined here, in the lowest room whose settings name paths.
+ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]
 
 
 class _Strict(BaseModel):
@@ -15,10 +41,15 @@ class _Strict(BaseModel):
 class PublishConfig(_Strict):
     """The YAML `publish:` section: where trainer ranks write each iteration's shards and how many are kept."""
 
-    shm_root: str = "/dev/shm/tide"
-    keep_last: int = Field(2, ge=1)
-    shard_bytes: int = Field(512 * 1024**2, gt=0)
-    writer_threads: int = Field(2, ge=1)  # shard files each trainer rank writes at once
+    shm_root: ConfigPath = Field(
+        "/dev/shm/tide", description="Directory (normally in shared memory) where the trainer ranks write each "
+        "iteration's Hugging Face shards, under <shm_root>/<name>/<iteration>; it needs room for keep_last + 1 "
+        "iterations of weights.")
+    keep_last: int = Field(2, ge=1, description="Published iterations kept in shared memory; older ones are "
+                           "deleted.")
+    shard_bytes: int = Field(512 * 1024**2, gt=0, description="Target size of one safetensors shard file, in bytes "
+                             "(default 512 MiB).")
+    writer_threads: int = Field(2, ge=1, description="Shard files each trainer rank writes at once.")
 
 
 class WeightTransferConfig(_Strict):
@@ -26,8 +57,16 @@ class WeightTransferConfig(_Strict):
     transfer engine into its own shared memory. Off: engines read the publish directory, which needs them on
     the trainer's machine."""
 
-    enabled: bool = False
-    rollout_shm_root: str = "/dev/shm/tide-rollout"  # rollout node k keeps its copy under <root>/rollout<k>
-    registry_name: str = "tide_shard_registry"
-    registry_state_path: str | None = None  # snapshot file: a restarted registry actor reloads it
-    mooncake: TransferConfig = TransferConfig()
+    enabled: bool = Field(False, description="true: every rollout node pulls each iteration's shards through the "
+                          "Mooncake transfer engine into its own shared memory; false: the engines read the publish "
+                          "directory, so they must run on the trainer's machine.")
+    rollout_shm_root: ConfigPath = Field(
+        "/dev/shm/tide-rollout", description="Where rollout node k keeps its pulled copy: "
+        "<rollout_shm_root>/rollout<k> (transfer.enabled only).")
+    registry_name: str = Field("tide_shard_registry", description="Name of the Ray actor that registers published "
+                               "shards (detached, so that any node can query it).")
+    registry_state_path: ConfigPath | None = Field(
+        None, description="File the shard registry snapshots its state to, so that a restarted registry actor "
+        "reloads it; null: no snapshot.")
+    mooncake: TransferConfig = Field(TransferConfig(), description="The Mooncake transport's settings "
+                                     "(transfer.enabled only).")

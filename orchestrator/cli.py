@@ -1,6 +1,8 @@
-"""`tide run CONFIG`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`, `tide export RUN_DIR OUT`."""
+"""`tide run CONFIG [key.path=value ...]`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`, `tide export RUN_DIR
+OUT`, `tide config show CONFIG [key.path=value ...]`, `tide config reference`, `tide --version`."""
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -8,12 +10,17 @@ from typing import Optional
 
 import typer
 
-from orchestrator.config import ConfigError, TideConfig, dump_config, load_config
+from orchestrator.config import ConfigError, TideConfig, dump_config, load_config, parse_overrides
 from orchestrator.rundir import RunDir
 from rollout.tasks import TaskDataError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine.")
+config_app = typer.Typer(no_args_is_help=True, help="Print a resolved config, or the reference of every key.")
+app.add_typer(config_app, name="config")
+
+OVERRIDES_HELP = ("key.path=value settings applied on top of the file, values read as YAML: trainer.lr=5e-4 "
+                  "iterations=3 'rollout.stop=[\"\\n\"]' rewards.0.weight=0.5")
 
 
 def _fail(msg: str, code: int) -> None:
@@ -21,7 +28,44 @@ def _fail(msg: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tide {version('tide')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                           help="Print tide's version and exit.")) -> None:
+    """tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine."""
+
+
+def _load(config: Path, overrides: list[str] | None) -> TideConfig:
+    """The config file with its overrides, or exit 2 naming what is wrong."""
+    try:
+        return load_config(config, parse_overrides(overrides or []))
+    except ConfigError as e:
+        _fail(str(e), 2)
+
+
 def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
+    """Run (or resume) and record how it ended in status.json. A run that stops on its input before anything
+    ran (a bad row, a reward function that cannot be imported: exit 2) leaves no directory behind when it made
+    it; any other failure leaves status.json saying `failed` and why."""
+    try:
+        _drive(cfg, run, resume)
+    except BaseException as e:
+        if isinstance(e, (ConfigError, TaskDataError)) and run.created and not run.metrics():
+            shutil.rmtree(run.path, ignore_errors=True)
+        else:
+            run.end_status(e)
+        raise
+    run.end_status()
+
+
+def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
     try:
         if cfg.logging.wandb is not None:
             from orchestrator.wandb_log import WandbLog
@@ -47,12 +91,12 @@ def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
 
 @app.command()
 def run(config: Path = typer.Argument(..., help="YAML config"),
-        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>")) -> None:
-    """Start a run from a YAML config."""
-    try:
-        cfg = load_config(config)
-    except ConfigError as e:
-        _fail(str(e), 2)
+        overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name> (relative to the "
+                                               "working directory)")) -> None:
+    """Start a run from a YAML config. Relative paths in it resolve against its directory; RUN_DIR/config.yaml
+    records the resolved config, overrides included."""
+    cfg = _load(config, overrides)
     path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
     run = RunDir(path)
     if run.latest_checkpoint() is not None:
@@ -121,6 +165,23 @@ def export(run_dir: Path = typer.Argument(..., help="a run directory"),
     if result.logit_diff is not None:
         typer.echo(f"verified: max |logit difference| transformers vs Megatron {result.logit_diff:.2e}, "
                    f"max |log-prob difference| {result.logprob_diff:.2e}")
+
+
+@config_app.command("show")
+def config_show(config: Path = typer.Argument(..., help="YAML config"),
+                overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP,
+                                                                show_default=False)) -> None:
+    """Print the resolved config as YAML: every default filled in, paths absolute, as a run writes it to
+    RUN_DIR/config.yaml."""
+    typer.echo(dump_config(_load(config, overrides)), nl=False)
+
+
+@config_app.command("reference")
+def config_reference() -> None:
+    """Print the reference of every config key as markdown (docs/config.md)."""
+    from orchestrator.config_reference import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
 
 
 def _guarded(fn) -> None:

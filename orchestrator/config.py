@@ -1,5 +1,9 @@
 """The YAML schema. Every field is validated before anything starts; an unknown, missing or invalid field is
-reported by name with what is allowed (`ConfigError`, exit code 2 in the CLI).
+reported by name with what is allowed (`ConfigError`, exit code 2 in the CLI), an unknown key with the keys
+meant (a near spelling at its level, the same key in another section, or TRL's and veRL's names for it:
+orchestrator.config_names). `key.path=value` overrides (`tide run CONFIG trainer.lr=5e-4`) are set before
+validation. Relative paths resolve against the config file's directory (ckpt_transfer.config.ConfigPath) and
+are held absolute, so the resolved config (`dump_config`, RUN_DIR/config.yaml) means the same from anywhere.
 
 Each section is defined by the room that consumes it and handed down as the validated object: `trainer:`
 (trainer.config), `rollout:` and `task:` (rollout.config), `publish:` and `transfer:` (ckpt_transfer.config),
@@ -7,13 +11,20 @@ Each section is defined by the room that consumes it and handed down as the vali
 here."""
 from __future__ import annotations
 
+import difflib
+import os
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
-from ckpt_transfer.config import PublishConfig, WeightTransferConfig
+from ckpt_transfer.config import (ConfigPath, PublishConfig, WeightTransferConfig, missing_path,
+                                  resolve_config_path)
+from orchestrator.config_names import OTHER_NAMES, OtherName
 from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
 from orchestrator.wandb_log import WandbConfig
@@ -28,59 +39,84 @@ class Strict(BaseModel):
 
 
 class RayConfig(Strict):
-    address: str | None = None  # None: start a local cluster; "auto" or "host:port" joins one
-    num_cpus: int | None = None
-    namespace: str = "tide"
-    log_to_driver: bool = False  # actor logs (vLLM, Megatron) stay in Ray's session log directory
+    address: str | None = Field(None, description="The Ray cluster: null starts a local one for the run; `auto` "
+                                "or `host:port` joins one started with `ray start`.")
+    num_cpus: int | None = Field(None, description="CPUs a local cluster offers; null: every core of the host.")
+    namespace: str = Field("tide", description="Ray namespace of the run's actors.")
+    log_to_driver: bool = Field(False, description="Print the actors' logs (vLLM, Megatron) in the terminal; "
+                                "false leaves them in Ray's session log directory.")
 
 
 class ModelConfig(Strict):
-    path: str | None = None  # an HF directory (or hub id where a hub is reachable); None builds `tiny`
-    tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # How chat-message prompts are rendered (orchestrator/prompts.py): auto (the tokenizer's template), none, or
-    # a .jinja file
-    chat_template: str = "auto"
-    system_prompt: str | None = None
+    path: str | None = Field(
+        None, description="The starting weights: a local Hugging Face model directory, or a hub id such as "
+        "Qwen/Qwen2.5-0.5B-Instruct where a hub is reachable; null builds the tiny model of model.tiny.")
+    tiny: TinyModelConfig = Field(TinyModelConfig(), description="Architecture of the tiny model built locally "
+                                  "when model.path is null.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype of trainer and engines; bfloat16 trains with mixed-precision Adam, "
+        "float16 needs rollout.max_logprob_gap.")
+    chat_template: str = Field(
+        "auto", description="How chat-message prompts are rendered: `auto` (the tokenizer's template), `none` (the "
+        "messages' contents one per line, for a base model) or the path of a .jinja file.")
+    system_prompt: str | None = Field(None, description="A system message put before every chat prompt; null: "
+                                      "none.")
 
     @field_validator("chat_template")
     @classmethod
-    def _template_file_exists(cls, value: str) -> str:
-        if value not in ("auto", "none") and not Path(value).expanduser().is_file():
-            raise ValueError(f"'auto', 'none' or the path of a .jinja file; no such file {value!r}")
-        return value
+    def _template_file(cls, value: str, info: ValidationInfo) -> str:
+        if value in ("auto", "none"):
+            return value
+        path = resolve_config_path(value, info)
+        if not Path(path).is_file():
+            raise ValueError(f"'auto', 'none' or the path of a .jinja file; {missing_path('file', path, info)}")
+        return path
 
     @field_validator("path")
     @classmethod
-    def _local_path_exists(cls, path: str | None) -> str | None:
-        if path is not None and looks_local(path) and not Path(path).expanduser().exists():
-            raise ValueError(f"no such directory {path!r} (a hub id looks like 'org/name')")
-        return path
+    def _directory_or_hub_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """An existing directory (relative: to the config file) as its absolute path; a hub id as it is."""
+        if value is None:
+            return None
+        path = resolve_config_path(value, info)
+        if Path(path).exists():
+            return path
+        if looks_local(value):
+            raise ValueError(f"{missing_path('directory', path, info)}; a hub id looks like 'org/name'")
+        return value
 
 
 class SandboxSection(Strict):
     """Code sandbox for `task.name: code`: `url` of a running service, or None to start one for the run."""
 
-    url: str | None = None
-    state_dir: str = "/run/tide-sandbox-run"
+    url: str | None = Field(None, description="URL of a running tide-sandbox service; null: tide starts one for "
+                            "the run (as root) when the task or a reward runs code.")
+    state_dir: ConfigPath = Field("/run/tide-sandbox-run", description="State directory of the sandbox service "
+                                  "tide starts (its containers' bundles and cgroups bookkeeping).")
 
 
 class EvalConfig(Strict):
     """The eval phase on held-out problems (orchestrator/evaluation.py): greedy pass@1, unbiased pass@k for k in
     {1, n_samples} at `temperature`, mean reward; every `every` iterations (0: never)."""
 
-    every: int = Field(0, ge=0)
-    prompts: int = Field(64, gt=0)
-    n_samples: int = Field(4, gt=0)
-    temperature: float = Field(1.0, gt=0)
-    max_new_tokens: int | None = Field(None, gt=0)  # None: rollout.max_new_tokens
+    every: int = Field(0, ge=0, description="Run the eval phase every this many iterations; 0: never.")
+    prompts: int = Field(64, gt=0, description="Held-out problems per eval: the first rows of task.eval_path, or a "
+                         "fixed stream of the task that training never draws.")
+    n_samples: int = Field(4, gt=0, description="Sampled completions per problem, for sampled pass@1 and "
+                           "pass@n_samples (greedy pass@1 takes one more).")
+    temperature: float = Field(1.0, gt=0, description="Temperature of the sampled completions.")
+    max_new_tokens: int | None = Field(None, gt=0, description="Completion length cap of the eval; null: "
+                                       "rollout.max_new_tokens.")
 
 
 class LoggingConfig(Strict):
     """TensorBoard event files are always written (RUN_DIR/tb); `wandb` adds a Weights & Biases run
     (orchestrator/wandb_log.py), offline unless `mode: online`."""
 
-    wandb: WandbConfig | None = None
+    wandb: WandbConfig | None = Field(None, description="Also log every metric and phase time to a Weights & "
+                                      "Biases run (needs the wandb package); null: TensorBoard only.")
+    samples: int = Field(4, ge=0, description="Completions per iteration written to RUN_DIR/samples.jsonl and "
+                         "shown as TensorBoard text (prompt, completion, reward); 0: none.")
 
     @field_validator("wandb")
     @classmethod
@@ -93,28 +129,47 @@ class LoggingConfig(Strict):
 
 
 class TideConfig(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    engine: Literal["megatron", "jax"] = "megatron"
-    seed: int = 0
-    deterministic: bool = True
-    iterations: int = Field(gt=0)
-    save_every: int = Field(5, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    run_dir: str | None = None
-    ray: RayConfig = RayConfig()
-    model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    publish: PublishConfig = PublishConfig()
-    transfer: WeightTransferConfig = WeightTransferConfig()
-    sandbox: SandboxSection = SandboxSection()
-    eval: EvalConfig = EvalConfig()
-    # Reward functions replacing the task's scorer (orchestrator/reward_functions.py); empty: the task's own
-    rewards: list[RewardSpec] = []
-    reward_timeout_s: float = Field(60.0, gt=0)
-    jax: JaxConfig | None = None
-    logging: LoggingConfig = LoggingConfig()
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="The run's name; the run directory defaults to "
+                      "runs/<name> under the working directory.")
+    engine: Literal["megatron", "jax"] = Field(
+        "megatron", description="`megatron`: RL post-training of an LLM (Megatron-core trainer, vLLM rollout); "
+        "`jax`: the JAX engine on simulated environments (reads the `jax:` section).")
+    seed: int = Field(0, description="Seed of everything random in the run: data order, sampling, initial "
+                      "weights.")
+    deterministic: bool = Field(True, description="Deterministic kernels and seeded sampling, so that a run "
+                                "killed and resumed ends as an uninterrupted one would.")
+    iterations: int = Field(gt=0, description="Iterations to run (rollout, reward, train, publish, sync; one "
+                            "jitted chunk with engine jax).")
+    save_every: int = Field(5, ge=1, description="Save a checkpoint every this many iterations, and after the "
+                            "last.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in RUN_DIR/checkpoints; older ones are "
+                                  "deleted.")
+    run_dir: ConfigPath | None = Field(None, description="The run directory; null: runs/<name> under the working "
+                                       "directory. `tide run --run-dir` overrides it.")
+    ray: RayConfig = Field(RayConfig(), description="The Ray cluster the run's actors live in.")
+    model: ModelConfig = Field(ModelConfig(), description="The model trained and served: its weights, dtype and "
+                               "how chat prompts are rendered.")
+    task: TaskConfig = Field(TaskConfig(), description="Where prompts come from and how completions are scored.")
+    trainer: TrainerConfig = Field(TrainerConfig(), description="The Megatron-core trainer: layout, RL loss, "
+                                   "optimizer, supervised warm start.")
+    rollout: RolloutConfig = Field(RolloutConfig(), description="The vLLM engines and what each rollout phase "
+                                   "samples.")
+    publish: PublishConfig = Field(PublishConfig(), description="Where each iteration's weights are published "
+                                   "as Hugging Face shards in shared memory.")
+    transfer: WeightTransferConfig = Field(WeightTransferConfig(), description="Moving published weights to "
+                                           "rollout nodes over the Mooncake transfer engine.")
+    sandbox: SandboxSection = Field(SandboxSection(), description="The code sandbox, for task.name code and the "
+                                    "`code` reward.")
+    eval: EvalConfig = Field(EvalConfig(), description="The eval phase on held-out problems: greedy pass@1, "
+                             "sampled pass@1 and pass@n_samples, mean reward.")
+    rewards: list[RewardSpec] = Field([], description="Reward functions replacing the task's scorer: a sample's "
+                                      "reward is the weighted sum of their values; empty: the task's own scorer.")
+    reward_timeout_s: float = Field(60.0, gt=0, description="Seconds a reward function may take on a batch "
+                                    "before the run stops, naming it.")
+    jax: JaxConfig | None = Field(None, description="The JAX engine's settings; required with engine jax, refused "
+                                  "otherwise.")
+    logging: LoggingConfig = Field(LoggingConfig(), description="Metrics and sample logging (TensorBoard always, "
+                                   "W&B optionally).")
 
     @model_validator(mode="after")
     def _engine_sections(self) -> "TideConfig":
@@ -154,44 +209,171 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message names the field and what is allowed."""
 
 
-def _format(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            parent = _model_at(TideConfig, e["loc"][:-1])
-            allowed = ", ".join(sorted(parent.model_fields)) if parent else "?"
-            lines.append(f"  {loc}: unknown field (allowed here: {allowed})")
-        elif e["type"] == "missing":
-            lines.append(f"  {loc}: required field is missing")
-        else:
-            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+def submodel(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    """The model a field's annotation holds (a section, an optional section or a list of items), and whether
+    it is a list's items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    for arg in get_args(annotation):
+        found = submodel(arg)
+        if found is not None:
+            return found[0], found[1] or get_origin(annotation) is list
+    return None
 
 
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def sections(model: type[BaseModel] = TideConfig, prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
+    """Every section under `model`, depth first in field order: ("", TideConfig), ("ray", RayConfig), ...,
+    ("trainer.kl", KLConfig), ...; a list's items are `name[]` ("rewards[]")."""
+    yield prefix, model
+    for name, field in model.model_fields.items():
+        found = submodel(field.annotation)
+        if found is not None:
+            yield from sections(found[0], _join(prefix, name) + ("[]" if found[1] else ""))
+
+
+def _keys_by_name() -> dict[str, list[str]]:
+    """Every key's dotted path, by its own name ("lr": ["trainer.lr", "jax.lr"])."""
+    keys: dict[str, list[str]] = {}
+    for prefix, model in sections():
+        for name in model.model_fields:
+            keys.setdefault(name, []).append(_join(prefix, name))
+    return keys
+
+
+KEYS_BY_NAME = _keys_by_name()
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model of the section at an error's location (list indices skipped)."""
+    model: type[BaseModel] = TideConfig
     for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        found = submodel(field.annotation) if field is not None else None
+        if found is None:
             return None
-        ann = field.annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
+        model = found[0]
     return model
 
 
-def parse_config(data: Any, source: str = "<dict>") -> TideConfig:
+def _flatten(value: Any, prefix: str) -> Iterator[str]:
+    yield prefix
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _flatten(v, f"{prefix}.{k}")
+
+
+def _other_names(loc: tuple, value: Any) -> list[OtherName]:
+    """TRL's or veRL's names among an unknown key and the keys under it: those ending with its dotted path
+    (`rollout.n`, `data.train_batch_size`), else, for a name tide does not use itself, those named as it is
+    (`learning_rate`, `trainer.ppo_epochs`)."""
+    key, dotted = str(loc[-1]), ".".join(str(p) for p in loc if not isinstance(p, int))
+    paths = [p for p in _flatten(value, dotted) if "." in p]
+    hits = [o for o in OTHER_NAMES if any(o.name == p or o.name.endswith("." + p) for p in paths)]
+    if hits or key in KEYS_BY_NAME:
+        return hits
+    return [o for o in OTHER_NAMES if o.leaf == key]
+
+
+def _suggestions(loc: tuple, value: Any) -> list[str]:
+    """The keys an unknown key may have meant: TRL's or veRL's names for a tide key, the same name in another
+    section, and near spellings at its level."""
+    key, prefix = str(loc[-1]), ".".join(str(p) for p in loc[:-1])
+    here = _model_at(loc[:-1])
+    meant: dict[str, str] = {}
+    for o in _other_names(loc, value):
+        meant.setdefault(o.tide, f"{o.tide} ({o.source}'s {o.name})")
+    near = difflib.get_close_matches(key, list(here.model_fields) if here else [], cutoff=0.7)
+    for k in KEYS_BY_NAME.get(key, []) + [_join(prefix, k) for k in near]:
+        meant.setdefault(k, k)
+    return list(meant.values())
+
+
+def _message(e: Mapping[str, Any]) -> str:
+    loc = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        meant = _suggestions(e["loc"], e.get("input"))
+        return f"{loc}: unknown field" + (f"; did you mean {', '.join(meant)}?" if meant else "")
+    if e["type"] == "missing":
+        return f"{loc}: required field is missing"
+    msg = e["msg"].removeprefix("Value error, ")
+    if not loc or msg.startswith(f"{loc}."):  # a section's own check names its fields
+        return msg
+    value = e.get("input")
+    return f"{loc}: {msg}" + ("" if isinstance(value, (Mapping, list)) else f" (got {value!r})")
+
+
+def _format(err: ValidationError, source: str) -> str:
+    errors = err.errors()
+    lines = [f"invalid config {source}:", *(f"  {_message(e)}" for e in errors)]
+    if any(e["type"] == "extra_forbidden" for e in errors):
+        lines.append("every key with its default: `tide config show CONFIG`; described in docs/config.md")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<dict>", config_dir: str | Path | None = None) -> TideConfig:
+    """`data` validated; relative paths in it resolve against `config_dir` (None: the working directory)."""
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {source}: expected a mapping at the top level")
     try:
-        return TideConfig.model_validate(data)
+        return TideConfig.model_validate(data, context={"config_dir": str(config_dir) if config_dir else None})
     except ValidationError as err:
         raise ConfigError(_format(err, source)) from None
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> TideConfig:
+class _OverrideLoader(yaml.SafeLoader):
+    """YAML as safe_load reads it, plus YAML 1.2's floats without a dot: 5e-4 is a number, not a string."""
+
+
+_OverrideLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                      list("-+0123456789."))
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """`key.path=value` arguments as {key.path: value}, each value read as YAML."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, eq, text = arg.partition("=")
+        if not eq or not key or "" in key.split("."):
+            raise ConfigError(f"override {arg!r}: expected key.path=value (trainer.lr=5e-4, rewards.0.weight=0.5)")
+        try:
+            out[key] = yaml.load(text, Loader=_OverrideLoader)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {arg!r}: the value is not valid YAML: {err}") from None
+    return out
+
+
+def set_key(data: dict, key: str, value: Any) -> None:
+    """Sets `key` (dotted: `trainer.kl.coef`; list items by index: `rewards.0.weight`) in `data`, creating
+    the mappings on the way that are missing (or null)."""
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        at = ".".join(parts[:depth]) or "the top level"
+        index: str | int = part
+        if isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                span = f": index it by number (0 to {len(node) - 1})" if node else ""
+                raise ConfigError(f"override {key}: {at} is a list of {len(node)} item(s){span}")
+            index = int(part)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"override {key}: {at} is {node!r}, not a mapping")
+        if depth == len(parts) - 1:
+            node[index] = value
+            return
+        if isinstance(node, dict) and node.get(index) is None:
+            node[index] = {}
+        node = node[index]
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TideConfig:
+    """The config file at `path` with `overrides` ({dotted key: value}) set, validated; its relative paths
+    resolve against its directory."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -199,9 +381,11 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TideConfig:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from None
-    if overrides:
-        data = {**(data or {}), **overrides}
-    return parse_config(data, str(path))
+    if overrides and (data is None or isinstance(data, dict)):
+        data = data or {}
+        for key, value in overrides.items():
+            set_key(data, key, value)
+    return parse_config(data, str(path), config_dir=Path(os.path.abspath(path)).parent)
 
 
 def dump_config(cfg: TideConfig) -> str:

@@ -1,12 +1,15 @@
 """The rollout room's settings, validated where they are consumed: the vLLM engine's settings
 (`EngineConfig`), the YAML `rollout:` section that extends them with what one rollout phase does
-(`RolloutConfig`), and the YAML `task:` section (`TaskConfig`). Pydantic only: no vLLM import."""
+(`RolloutConfig`), and the YAML `task:` section (`TaskConfig`). Pydantic only (paths are ckpt_transfer.config's
+`ConfigPath`): no vLLM import."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+from ckpt_transfer.config import ConfigPath, missing_path
 
 
 class _Strict(BaseModel):
@@ -17,69 +20,132 @@ class EngineConfig(_Strict):
     """One vLLM engine. The run-wide settings it also needs (parameter dtype, seed, determinism) are given
     to `RolloutEngine` beside it."""
 
-    tp: int = Field(1, ge=1)
-    # Where vLLM's engine core runs. `inline`: in the rollout actor's own process, and with tp=1 the model
-    # too, so a step crosses no process boundary and vLLM is imported once (scripts/bench_rollout.py measures
-    # both); an engine that dies takes its actor along and the rollout group starts a new actor on the latest
-    # verified weights. `separate`: vLLM's default for `LLM`, the engine core (and its TP workers) in child
-    # processes that the actor restarts on the latest verified weights when they die.
-    engine_process: Literal["inline", "separate"] = "inline"
-    kv_cache_gb: float = Field(0.25, gt=0)
-    max_engine_restarts: int = Field(3, ge=0)  # per generate/score call, when the engine process dies
-    engine_start_timeout_s: float = Field(600, gt=0)
-    max_model_len: int | None = Field(None, gt=0)  # None: the model's max_position_embeddings
-    enforce_eager: bool = True  # torch.compile costs 30-150 s of start-up on CPU for ~10%
-    max_num_seqs: int | None = Field(None, gt=0)  # None: vLLM's default (the orchestrator sizes it per job)
-    max_num_batched_tokens: int | None = Field(None, gt=0)  # None: vLLM's default for unsplit prefill
-    cache_root: str | None = None  # VLLM_CACHE_ROOT; default <project>/.cache/vllm
-    extra_env: dict[str, str] = {}  # environment of the engine's processes (e.g. VLLM_CPU_OMP_THREADS_BIND)
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree of each vLLM engine (GPUs per engine on cuda); "
+                    "it may differ from trainer.parallel.tp.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="What the engines run on: `cpu` (vllm-cpu on the host's cores) or `cuda` (vLLM on "
+        "GPUs: each engine asks Ray for `tp` GPUs).")
+    # scripts/bench_rollout.py measures both layouts
+    engine_process: Literal["inline", "separate"] = Field(
+        "inline", description="Where vLLM's engine core runs: `inline`, in the rollout actor's own process (with "
+        "tp 1 the model too: faster steps and start-up; an engine that dies takes its actor, which is started "
+        "again), or `separate`, vLLM's own layout of child processes that the actor restarts.")
+    # vLLM's CPU default asks for most of the host's RAM
+    kv_cache_gb: float | None = Field(None, gt=0, description="KV cache per engine, in GiB; null: 0.25 on cpu, "
+                                      "and on cuda what vLLM sizes under gpu_memory_utilization.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may use for weights, activations and KV "
+        "cache (device cuda only).")
+    max_engine_restarts: int = Field(3, ge=0, description="Restarts of an engine whose process died allowed "
+                                     "within one generate or score call before the run stops.")
+    engine_start_timeout_s: float = Field(600, gt=0, description="Seconds an engine may take to start before "
+                                          "the run stops.")
+    max_model_len: int | None = Field(None, gt=0, description="Longest sequence (prompt + completion) in tokens "
+                                      "an engine accepts; null: the model's max_position_embeddings.")
+    # COMPILED_BREAK_EVEN_TOKENS below holds the measured break-even for `auto` on CPU
+    enforce_eager: bool | Literal["auto"] = Field(
+        "auto", description="true: eager PyTorch; false: torch.compile (and CUDA graphs on GPUs), slower to start "
+        "at every engine start and faster to decode; auto: compiled on GPUs, and on CPU when an engine generates "
+        "enough tokens between two starts to pay the compile back.")
+    max_num_seqs: int | None = Field(None, gt=0, description="Most sequences an engine decodes at once; null: its "
+                                     "whole share of a rollout phase in one batch (at least 256).")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="Most tokens an engine processes in one "
+                                               "step; null: vLLM's default, which never splits a prefill.")
+    cache_root: ConfigPath | None = Field(None, description="vLLM's cache directory (VLLM_CACHE_ROOT); null: "
+                                          "<tide checkout>/.cache/vllm.")
+    extra_env: dict[str, str] = Field({}, description="Environment variables of the engines' processes, e.g. "
+                                      "{VLLM_CPU_OMP_THREADS_BIND: \"0-1\"}.")
+
+    @model_validator(mode="after")
+    def _device_fields(self) -> "EngineConfig":
+        # compared with the default, not "was it set": a resolved config (RUN_DIR/config.yaml) sets every field
+        default = type(self).model_fields["gpu_memory_utilization"].default
+        if self.device == "cpu" and self.gpu_memory_utilization != default:
+            raise ValueError("rollout.gpu_memory_utilization applies to device 'cuda' only; on cpu the KV cache "
+                             "is rollout.kv_cache_gb")
+        return self
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache an engine asks vLLM for; None: vLLM sizes it under gpu_memory_utilization (cuda)."""
+        if self.kv_cache_gb is not None:
+            return int(self.kv_cache_gb * 2**30)
+        return int(DEFAULT_CPU_KV_CACHE_GB * 2**30) if self.device == "cpu" else None
+
+    @property
+    def eager(self) -> bool:
+        """enforce_eager resolved for one engine on its own: `auto` is compiled on GPUs and eager on CPU, where
+        only a run's length can pay for the compile (RolloutConfig.engine_config resolves it knowing that)."""
+        if self.enforce_eager == "auto":
+            return self.device == "cpu"
+        return self.enforce_eager
 
 
 class RolloutConfig(EngineConfig):
     """The YAML `rollout:` section: the engines' settings plus what each rollout phase generates."""
 
-    engines: int = Field(1, ge=1)
-    prompts_per_iteration: int = Field(32, gt=0)
-    n_samples: int = Field(8, gt=0)
-    max_new_tokens: int = Field(8, gt=0)
-    # The behaviour policy: softmax(logits / temperature) over the top_k most likely tokens (0: all), then
-    # over the top_p nucleus (1.0: all), renormalised. The engines return the log-probs of exactly that
-    # distribution and the trainer recomputes the same (trainer/sampling.py).
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    # Generation also ends at any of these strings (the completion's text stops before it) and at the chat
-    # template's end-of-turn token (found by rendering a conversation; orchestrator/prompts.py)
-    stop: list[str] = []
-    # A prompt longer than this many tokens is skipped, or truncated to its last max_prompt_tokens tokens;
-    # counted as prompts_skipped / prompts_truncated. None: no limit (vLLM refuses a prompt that does not fit
-    # max_model_len with max_new_tokens)
-    max_prompt_tokens: int | None = Field(None, gt=0)
-    overlong_prompts: Literal["skip", "truncate"] = "skip"
-    sync_mode: Literal["restart", "reload"] = "reload"
-    # Bound on the mean |engine - trainer| log-prob of sampled tokens on the same weights, checked every
-    # iteration on the first mini-batch the trainer trains on (before its update) and on the probe batch
-    # when it runs; None: the default for the run's model.dtype (DEFAULT_LOGPROB_GAP)
-    max_logprob_gap: float | None = Field(None, gt=0)
-    # The probe: after every probe_every-th sync each engine samples the fixed probe prompts and the trainer
-    # rescores them. None: after every sync with several engines (the first mini-batch need not hold samples
-    # of each), never with one (the every-iteration check covers it); 0: never.
-    probe_every: int | None = Field(None, ge=0)
-    probe_prompts: int = Field(8, gt=0)
-    # The engines' log-probs differ from the trainer's on the same weights (bfloat16, other kernels). `tis`:
-    # the trainer recomputes pi_old and weighs each token's policy gradient by min(pi_old / pi_rollout,
-    # tis_cap) (truncated importance sampling, Yao et al. 2025); `none`: the engines' log-probs are pi_old.
-    mismatch_correction: Literal["none", "tis"] = "none"
-    tis_cap: float = Field(2.0, ge=1)
+    engines: int = Field(1, ge=1, description="vLLM engines; each iteration's prompts are split over them.")
+    prompts_per_iteration: int = Field(32, gt=0, description="Prompts drawn per iteration; each gets n_samples "
+                                       "completions.")
+    n_samples: int = Field(8, gt=0, description="Completions sampled per prompt: the group whose rewards are "
+                           "each other's baseline.")
+    # 1024 leaves room for reasoning; the example configs of the tiny models set 4-40
+    max_new_tokens: int = Field(1024, gt=0, description="Most tokens generated per completion.")
+    # The engines return the log-probs of exactly this distribution and the trainer recomputes the same
+    # (trainer/sampling.py).
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature: tokens are drawn from "
+                               "softmax(logits / temperature), restricted by top_k and top_p.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: draw from the most likely tokens whose "
+                         "probabilities add up to top_p, renormalised; 1.0: all tokens.")
+    top_k: int = Field(0, ge=0, description="Draw from the top_k most likely tokens only, renormalised; 0: all.")
+    stop: list[str] = Field([], description="Strings that end a completion (not kept in it); generation also ends "
+                            "at end-of-sequence and at the chat template's end-of-turn token.")
+    max_prompt_tokens: int | None = Field(
+        None, gt=0, description="A prompt longer than this many tokens is skipped or truncated (overlong_prompts) "
+        "and counted in metrics; null: no limit (vLLM refuses a prompt that leaves no room for max_new_tokens "
+        "within max_model_len).")
+    overlong_prompts: Literal["skip", "truncate"] = Field(
+        "skip", description="What happens to a prompt over max_prompt_tokens: `skip` it, or `truncate` it to its "
+        "last max_prompt_tokens tokens.")
+    sync_mode: Literal["restart", "reload"] = Field(
+        "reload", description="How the engines take each iteration's weights: `reload` (loaded into the running "
+        "engine) or `restart` (the engine starts again on the new checkpoint, the Kimi way).")
+    max_logprob_gap: float | None = Field(
+        None, gt=0, description="Bound on the mean |engine - trainer| log-prob of the sampled tokens on the same "
+        "weights, checked every iteration (and by the probe); a larger gap stops the run. null: 1e-4 for float32, "
+        "3e-2 for bfloat16 (float16 needs a value).")
+    probe_every: int | None = Field(
+        None, ge=0, description="After every probe_every-th sync, each engine samples fixed probe prompts that "
+        "the trainer rescores (the same bound); null: after every sync with several engines, never with one; 0: "
+        "never.")
+    probe_prompts: int = Field(8, gt=0, description="Prompts in the probe batch.")
+    mismatch_correction: Literal["none", "tis"] = Field(
+        "none", description="`tis`: the trainer recomputes pi_old and weighs each token's policy gradient by "
+        "min(pi_old / pi_rollout, tis_cap) (truncated importance sampling, for bfloat16 engines); `none`: the "
+        "engines' log-probs are pi_old.")
+    tis_cap: float = Field(2.0, ge=1, description="Cap of the truncated importance weight (mismatch_correction "
+                           "tis).")
 
-    def engine_config(self) -> "RolloutConfig":
-        """These settings as the engines get them: max_num_seqs, when unset, sized so that an engine runs its
-        share of a rollout phase as one batch (vLLM's CPU default of 256 split the quickstart's 512 sequences
-        into two; never below that default)."""
-        if self.max_num_seqs is not None:
-            return self
+    def engine_config(self, iterations: int) -> "RolloutConfig":
+        """These settings as the engines of a run of `iterations` get them: max_num_seqs, when unset, sized so
+        that an engine runs its share of a rollout phase as one batch (vLLM's CPU default of 256 split the
+        quickstart's 512 sequences into two; never below that default); enforce_eager `auto` resolved."""
         share = -(-self.prompts_per_iteration // self.engines) * self.n_samples
-        return self.model_copy(update={"max_num_seqs": max(share, 256)})
+        update: dict[str, Any] = {"enforce_eager": self.resolved_eager(iterations)}
+        if self.max_num_seqs is None:
+            update["max_num_seqs"] = max(share, 256)
+        return self.model_copy(update=update)
+
+    def tokens_per_engine_start(self, iterations: int) -> int:
+        """At most how many tokens one engine generates between two of its starts: the whole run with in-place
+        reloads, one iteration with restarts (every sync starts the engine again, and compiles again)."""
+        share = -(-self.prompts_per_iteration // self.engines) * self.n_samples * self.max_new_tokens
+        return share if self.sync_mode == "restart" else share * iterations
+
+    def resolved_eager(self, iterations: int) -> bool:
+        if self.enforce_eager != "auto" or self.device == "cuda":
+            return self.eager
+        return self.tokens_per_engine_start(iterations) < COMPILED_BREAK_EVEN_TOKENS
 
     @property
     def probe_interval(self) -> int:
@@ -96,6 +162,13 @@ class RolloutConfig(EngineConfig):
         return DEFAULT_LOGPROB_GAP[dtype]
 
 
+DEFAULT_CPU_KV_CACHE_GB = 0.25
+# enforce_eager `auto` on CPU: the generated tokens after which torch.compile's faster decoding has paid back its
+# extra start-up. scripts/bench_rollout.py --quick on 2026-11-26 (2 cores, the ~25M-parameter model): compiled
+# started 31 s later and decoded 1.29x as many tokens/s as eager, even after ~184k tokens (its
+# `compiled_break_even` note). A model's own break-even differs; set enforce_eager to decide for it.
+COMPILED_BREAK_EVEN_TOKENS = 184_000
+
 # Default `max_logprob_gap` per model.dtype. float32: engine and trainer agree to ~1e-6 here. bfloat16: over
 # two 70-iteration runs of configs/quickstart_bf16.yaml (vllm-cpu vs Megatron on CPU, with and without TIS)
 # the probe's gap had medians 2.3e-3 and 3.0e-3 and maximum 9.6e-3; the bound leaves 3x over that maximum and
@@ -110,23 +183,32 @@ DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".c
 class TaskConfig(_Strict):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "reverse", "jsonl", "dataset", "reasoning_gym", "code"] = "addition"
-    # jsonl: lines of {"prompt": ..., "answer": ...}; dataset: a local .jsonl, .json, .parquet or .csv file
-    path: str | None = None
-    prompt_field: str = "prompt"  # dataset: a string, or a list of chat messages {role, content}
-    answer_field: str = "answer"  # dataset: the reference answer; every other column reaches the scorer
-    eval_path: str | None = None  # dataset: held-out rows for the eval phase (same fields)
-    # reasoning_gym: `size` problems of reasoning-gym's `dataset`, generated with `seed` (None: the run's) and
-    # `config` (the dataset's own options)
-    dataset: str | None = None
-    size: int = Field(1000, gt=0)
-    seed: int | None = None
-    config: dict[str, Any] = {}
-    max_digits: int = Field(2, gt=0)  # addition operand size
-    length: int = Field(3, gt=0)  # reverse: string length
+    name: Literal["addition", "reverse", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
+        "addition", description="Where prompts come from: `addition` and `reverse` (synthetic), `jsonl` (lines of "
+        "{prompt, answer}), `dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` "
+        "(coding problems scored in the sandbox).")
+    path: ConfigPath | None = Field(
+        None, description="jsonl and dataset (required there): the problem file; for dataset a .jsonl, .json, "
+        ".parquet or .csv file, one problem per row.")
+    prompt_field: str = Field("prompt", description="dataset: the column holding the prompt, a string or a list "
+                              "of chat messages {role, content}; dots reach into nested columns.")
+    answer_field: str = Field("answer", description="dataset: the column holding the reference answer (dots reach "
+                              "into nested columns, e.g. reward_model.ground_truth); every column but the "
+                              "prompt's reaches reward functions under its own name.")
+    eval_path: ConfigPath | None = Field(
+        None, description="dataset: held-out rows (same fields) for the eval phase; null: eval problems from a "
+        "stream of the task that training never draws.")
+    dataset: str | None = Field(None, description="reasoning_gym (required there): the reasoning-gym dataset, e.g. "
+                                "basic_arithmetic.")
+    size: int = Field(1000, gt=0, description="reasoning_gym: how many problems to generate.")
+    seed: int | None = Field(None, description="reasoning_gym: the generator's seed; null: the run's seed.")
+    config: dict[str, Any] = Field({}, description="reasoning_gym: the dataset's own options, passed to its "
+                                   "generator.")
+    max_digits: int = Field(2, gt=0, description="addition: most digits per operand.")
+    length: int = Field(3, gt=0, description="reverse: length of the strings to reverse.")
 
     @model_validator(mode="after")
-    def _files_exist(self) -> "TaskConfig":
+    def _files_exist(self, info: ValidationInfo) -> "TaskConfig":
         if self.name == "reasoning_gym" and not self.dataset:
             raise ValueError("task.dataset (a reasoning-gym dataset name) is required when task.name is "
                              "'reasoning_gym'")
@@ -136,8 +218,8 @@ class TaskConfig(_Strict):
             value = getattr(self, field_name)
             if value is None or self.name not in ("jsonl", "dataset"):
                 continue
-            if not Path(value).expanduser().is_file():
-                raise ValueError(f"task.{field_name}: no such file {value!r}")
+            if not Path(value).is_file():
+                raise ValueError(f"task.{field_name}: {missing_path('file', value, info)}")
             if self.name == "dataset" and Path(value).suffix not in DATASET_FORMATS:
                 raise ValueError(f"task.{field_name}: {value!r} is not one of {', '.join(DATASET_FORMATS)}")
         return self

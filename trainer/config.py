@@ -19,10 +19,13 @@ class ParallelConfig(_Strict):
     """The trainer ranks: dp data-parallel replicas of a tp x pp (x ep for experts) model-parallel layout.
     Megatron's groups follow from the world size: dense layers are replicated dp * ep times, experts dp times."""
 
-    dp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1, description="Data-parallel replicas: each optimizer step's samples are split over "
+                    "them and their gradients averaged.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree; it must divide the attention heads, key/value "
+                    "heads, intermediate size and vocabulary.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel stages; it must divide the number of layers.")
+    ep: int = Field(1, ge=1, description="Expert-parallel degree of a mixture-of-experts model; it must divide "
+                    "the number of experts.")
 
     @property
     def world(self) -> int:
@@ -33,41 +36,75 @@ class KLConfig(_Strict):
     """The YAML `trainer.kl:` section: coef x KL(policy || reference) in the loss, the reference being the
     policy RL starts from (after the supervised warm start), frozen. coef 0: no reference model at all."""
 
-    coef: float = Field(0.0, ge=0)
-    estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators (trainer/losses.py)
+    coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) in the loss, the reference "
+                        "being the frozen policy RL starts from; 0: no reference model is built.")
+    estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Schulman's KL estimator, with r the log-ratio reference / policy per token: k1 = -r, "
+        "k2 = r^2 / 2, k3 = exp(r) - 1 - r (unbiased and never negative).")
 
 
 class TrainerConfig(_Strict):
     """The YAML `trainer:` section."""
 
-    device: Literal["cpu", "cuda"] = "cpu"
-    backend: Literal["gloo", "nccl"] = "gloo"
-    parallel: ParallelConfig = ParallelConfig()
-    # kimi: Kimi k1.5's objective (sequence-level squared log-ratio); kimi_token: its per-token variant;
-    # grpo: clipped surrogate with group-relative advantages (see trainer/losses.py for the papers)
-    loss: Literal["kimi", "kimi_token", "grpo"] = "kimi"
-    # grpo only: token_mean (DAPO), seq_mean_token_mean (GRPO paper), seq_mean_token_sum (Dr. GRPO)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    adv_std_norm: bool | None = None  # divide advantages by the group's reward std; None: grpo yes, kimi no
-    lr: float = Field(1e-3, gt=0)
-    lr_schedule: LRSchedule = LRSchedule()
-    kl: KLConfig = KLConfig()
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    kimi_tau: float = Field(0.1, ge=0)
-    clip_eps: float | None = Field(None, gt=0)  # sets clip_eps_low and clip_eps_high (default 0.2 each)
-    clip_eps_low: float | None = Field(None, gt=0)
-    clip_eps_high: float | None = Field(None, gt=0)  # > clip_eps_low: DAPO's clip-higher
-    length_penalty: float = Field(0.0, ge=0)  # weight of Kimi k1.5's length reward; 0 disables it
-    micro_batch_size: int = Field(64, gt=0)
-    updates_per_iteration: int = Field(1, ge=1)  # optimizer steps per iteration (mini-batches of the samples)
-    shuffle_minibatches: bool = True  # seeded shuffle before cutting mini-batches (False: consecutive prompts)
-    warmup_sft_steps: int = Field(0, ge=0)
-    warmup_sft_batch: int = Field(64, gt=0)
-    warmup_sft_lr: float = Field(3e-3, gt=0)
-    # RL starts with a fresh optimizer, as it would after a separate SFT run; false carries the warm start's
-    # Adam moments (fitted to another objective, at another learning rate) into RL
-    warmup_sft_reset_optimizer: bool = True
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the trainer ranks run: `cpu` (backend "
+                                           "gloo) or `cuda` (one GPU per rank).")
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="torch.distributed backend: `gloo` (required on "
+                                             "cpu) or `nccl` (GPUs).")
+    parallel: ParallelConfig = Field(ParallelConfig(), description="The trainer's layout: dp x tp x pp x ep ranks "
+                                     "(data, tensor, pipeline and expert parallel).")
+    loss: Literal["kimi", "kimi_token", "grpo"] = Field(
+        "grpo", description="RL objective: `grpo` (clipped surrogate with group-relative advantages, no critic; "
+        "see loss_agg, adv_std_norm, clip_eps), `kimi` (Kimi k1.5: sequence-level squared log-ratio, kimi_tau) or "
+        "`kimi_token` (its per-token variant).")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean", description="How grpo averages token losses: `token_mean` (DAPO: every token weighs the "
+        "same), `seq_mean_token_mean` (the GRPO paper: mean over each completion's tokens, then over completions) "
+        "or `seq_mean_token_sum` (Dr. GRPO: token sums averaged over completions). grpo only.")
+    adv_std_norm: bool | None = Field(
+        None, description="Divide advantages by the group's reward standard deviation; null: true for grpo, false "
+        "for kimi. grpo with false is Dr. GRPO.")
+    # TRL's GRPOConfig and veRL's actor default to 1e-6 for full fine-tuning of a real model
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate of RL (Adam); the tiny models of the example "
+                      "configs use 1e-3.")
+    lr_schedule: LRSchedule = Field(LRSchedule(), description="Per-iteration learning-rate warm-up and decay.")
+    kl: KLConfig = Field(KLConfig(), description="KL penalty against the frozen policy RL starts from (off by "
+                         "default).")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay of the optimizer; 0: none.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradients are clipped to this global L2 norm before each "
+                             "optimizer step.")
+    kimi_tau: float = Field(0.1, ge=0, description="tau of Kimi k1.5's loss: the weight of the squared log-ratio "
+                            "to the sampling policy (kimi and kimi_token only).")
+    clip_eps: float | None = Field(
+        None, gt=0, description="grpo's clip range on both sides: the ratio is clipped to [1 - clip_eps, 1 + "
+        "clip_eps]; null: clip_eps_low / clip_eps_high, else 0.2. Not together with those.")
+    clip_eps_low: float | None = Field(None, gt=0, description="grpo: the ratio's lower clip range (ratio >= 1 - "
+                                       "clip_eps_low); null: clip_eps, else 0.2.")
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="grpo: the ratio's upper clip range (ratio <= 1 + clip_eps_high); null: the lower "
+        "range. Above clip_eps_low it is DAPO's clip-higher.")
+    length_penalty: float = Field(0.0, ge=0, description="Weight of Kimi k1.5's length reward added to the "
+                                  "task's own reward; 0: off. With `rewards:` add {fn: length} there instead.")
+    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward pass on each "
+                                  "data-parallel rank (gradients accumulate over an optimizer step's micro-batches); "
+                                  "lower it to save memory.")
+    updates_per_iteration: int = Field(1, ge=1, description="Optimizer steps per pass over an iteration's "
+                                       "samples: the samples are cut into this many mini-batches.")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's samples: epochs x "
+                        "updates_per_iteration optimizer steps, reshuffled every pass; pi_old stays the policy that "
+                        "sampled them.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss subtracts "
+                                "entropy_coef x the mean entropy of the sampling distribution over completion "
+                                "tokens; 0: the entropy is only logged.")
+    shuffle_minibatches: bool = Field(True, description="Shuffle the samples (seeded) before cutting "
+                                      "mini-batches; false: consecutive prompts.")
+    warmup_sft_steps: int = Field(0, ge=0, description="Supervised steps on the task's reference answers before "
+                                  "RL starts, so that RL starts from a policy that sometimes succeeds; 0: none.")
+    warmup_sft_batch: int = Field(64, gt=0, description="Examples per supervised warm-up step.")
+    warmup_sft_lr: float = Field(1e-5, gt=0, description="Learning rate of the supervised warm-up.")
+    # false carries Adam moments fitted to another objective, at another learning rate, into RL
+    warmup_sft_reset_optimizer: bool = Field(
+        True, description="Start RL with a fresh optimizer after the warm-up, as after a separate SFT run; false "
+        "keeps the warm-up's optimizer state.")
 
     @model_validator(mode="before")
     @classmethod
@@ -97,7 +134,7 @@ class TrainerConfig(_Strict):
                         clip_eps_high=low if self.clip_eps_high is None else self.clip_eps_high,
                         agg=self.loss_agg,
                         adv_std_norm=self.loss == "grpo" if self.adv_std_norm is None else self.adv_std_norm,
-                        kl_coef=self.kl.coef, kl_estimator=self.kl.estimator)
+                        kl_coef=self.kl.coef, kl_estimator=self.kl.estimator, entropy_coef=self.entropy_coef)
 
 
 class TrainerSpec(_Strict):

@@ -14,9 +14,12 @@ class LRSchedule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    warmup_iterations: int = Field(0, ge=0)
-    decay: Literal["constant", "linear", "cosine"] = "constant"
-    min_lr: float = Field(0.0, ge=0)
+    warmup_iterations: int = Field(0, ge=0, description="RL iterations over which the learning rate rises "
+                                   "linearly to trainer.lr (iteration k of w gets lr x k / w); 0: no warm-up.")
+    decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="After the warm-up: `constant` (trainer.lr), or a `linear` or `cosine` decay from "
+        "trainer.lr to min_lr at the run's last iteration.")
+    min_lr: float = Field(0.0, ge=0, description="The learning rate a linear or cosine decay ends at.")
 
 
 def lr_at(lr: float, schedule: LRSchedule, iteration: int, iterations: int) -> float:

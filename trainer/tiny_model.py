@@ -27,18 +27,24 @@ class TinyModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    architecture: Literal["qwen2", "mixtral"] = "qwen2"
-    num_experts: int = Field(4, gt=0)  # mixtral only
-    experts_per_token: int = Field(2, gt=0)
-    hidden_size: int = Field(64, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(2, gt=0)
-    intermediate_size: int = Field(128, gt=0)
-    max_position_embeddings: int = Field(256, gt=0)
-    tie_word_embeddings: bool = False
-    init_std: float = Field(0.02, gt=0)
-    vocab_multiple: int = Field(64, gt=0)  # pad the vocabulary so any TP degree up to 64 divides it
+    architecture: Literal["qwen2", "mixtral"] = Field("qwen2", description="`qwen2` (dense) or `mixtral` "
+                                                      "(mixture of experts).")
+    num_experts: int = Field(4, gt=0, description="Experts per MoE layer (mixtral only).")
+    experts_per_token: int = Field(2, gt=0, description="Experts each token is routed to (mixtral only).")
+    hidden_size: int = Field(64, gt=0, description="Model width. vLLM's CPU attention needs hidden_size / "
+                             "num_heads to be 32, 64, 80, ...")
+    num_layers: int = Field(2, gt=0, description="Transformer layers.")
+    num_heads: int = Field(4, gt=0, description="Attention heads.")
+    num_kv_heads: int = Field(2, gt=0, description="Key/value heads (grouped-query attention when fewer than "
+                              "num_heads).")
+    intermediate_size: int = Field(128, gt=0, description="Width of the MLP (of each expert, for mixtral).")
+    max_position_embeddings: int = Field(256, gt=0, description="Longest sequence (prompt + completion) in "
+                                         "tokens the model supports.")
+    tie_word_embeddings: bool = Field(False, description="Share the input embedding's weights with the output "
+                                      "layer.")
+    init_std: float = Field(0.02, gt=0, description="Standard deviation of the random initial weights.")
+    vocab_multiple: int = Field(64, gt=0, description="The vocabulary is padded to a multiple of this, so that "
+                                "any tensor-parallel degree dividing it divides the vocabulary.")
 
 
 def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):

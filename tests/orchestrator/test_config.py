@@ -1,4 +1,5 @@
 """The YAML schema: bad input is reported by field name, with what is allowed, and exit code 2."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,223 @@ def test_probe_runs_by_default_only_where_the_first_mini_batch_may_miss_an_engin
     assert RolloutConfig(engines=1, probe_every=5).probe_interval == 5
     assert [it for it in range(1, 12) if probe_due(5, it)] == [5, 10]
     assert not any(probe_due(0, it) for it in range(1, 12))
+
+
+# --- did you mean, overrides, `tide config show`, docs/config.md, relative paths, --version ---------------------
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def _error(data: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse_config({**_base(), **data})
+    return str(e.value)
+
+
+def test_unknown_key_names_the_near_spelling_only():
+    msg = _error({"rollout": {"n_sampels": 4}})
+    assert "rollout.n_sampels: unknown field; did you mean rollout.n_samples?" in msg
+    assert "engine_process" not in msg and "tide config show" in msg  # no list of every key; a pointer instead
+
+
+@pytest.mark.parametrize("data, meant", [
+    ({"lr": 5e-4}, "lr: unknown field; did you mean trainer.lr, jax.lr?"),  # a key of another section
+    ({"trainer": {"temperature": 0.7}}, "did you mean rollout.temperature, eval.temperature?"),
+    ({"learning_rate": 5e-4}, "learning_rate: unknown field; did you mean trainer.lr (TRL's learning_rate)?"),
+    ({"rollout": {"num_generations": 4}}, "did you mean rollout.n_samples (TRL's num_generations)?"),
+    ({"trainer": {"beta": 0.01}}, "did you mean trainer.kl.coef (TRL's beta)?"),
+    ({"rollout": {"n": 4}}, "rollout.n: unknown field; did you mean rollout.n_samples (veRL's "
+                            "actor_rollout_ref.rollout.n)?"),
+    ({"data": {"train_batch_size": 64}}, "did you mean rollout.prompts_per_iteration (veRL's data.train_batch_size)?"),
+    ({"trainer": {"ppo_epochs": 2}}, "did you mean trainer.epochs (veRL's actor_rollout_ref.actor.ppo_epochs)?"),
+])
+def test_unknown_key_names_the_tide_key(data, meant):
+    assert meant in _error(data)
+
+
+def test_other_names_point_at_real_tide_keys():
+    """Every TRL/veRL row of docs/config.md names a key tide has."""
+    from orchestrator.config import TideConfig, sections
+    from orchestrator.config_names import OTHER_NAMES
+
+    keys = {f"{s}.{n}" if s else n for s, model in sections() for n in model.model_fields}
+    assert TideConfig.model_fields  # sections() walks from TideConfig
+    assert [o.tide for o in OTHER_NAMES if o.tide not in keys] == []
+
+
+def test_trl_names_are_grpo_config_fields():
+    trl = pytest.importorskip("trl")
+    from dataclasses import fields
+
+    from orchestrator.config_names import OTHER_NAMES
+
+    names = {f.name for f in fields(trl.GRPOConfig)}
+    assert [o.name for o in OTHER_NAMES if o.source == "TRL" and o.name not in names] == []
+
+
+def test_overrides_set_typed_nested_and_indexed_keys(tmp_path):
+    from orchestrator.config import parse_overrides
+
+    args = ["trainer.lr=5e-4", "iterations=3", "trainer.shuffle_minibatches=false", 'rollout.stop=["\\n", "##"]',
+            "trainer.kl.coef=0.05", "rewards.0.weight=0.5", "task.config.scale=1E-3", "logging.wandb.tags=[a]"]
+    overrides = parse_overrides(args)
+    assert overrides["trainer.lr"] == 5e-4 and isinstance(overrides["trainer.lr"], float)  # YAML 1.1: a string
+    assert overrides["task.config.scale"] == 1e-3 and isinstance(overrides["task.config.scale"], float)
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump({**_base(), "rewards": [{"fn": "exact"}, {"fn": "numeric"}]}))
+    cfg = load_config(cfg_file, overrides)
+    assert (cfg.trainer.lr, cfg.iterations, cfg.trainer.shuffle_minibatches) == (5e-4, 3, False)
+    assert cfg.rollout.stop == ["\n", "##"] and cfg.trainer.kl.coef == 0.05
+    assert [r.weight for r in cfg.rewards] == [0.5, 1.0]
+    assert cfg.task.config == {"scale": 1e-3} and isinstance(cfg.task.config["scale"], float)
+    assert cfg.logging.wandb.tags == ["a"]
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("trainer.lr", "expected key.path=value"),
+    ("=3", "expected key.path=value"),
+    ("trainer..lr=3", "expected key.path=value"),
+    ("iterations.x=3", "iterations is 2, not a mapping"),
+    ("rewards.3.weight=1", "rewards is a list of 1 item(s)"),
+    ("rewards.first.weight=1", "rewards is a list of 1 item(s): index it by number"),
+    ("trainer.lr=[1", "not valid YAML"),
+])
+def test_bad_overrides_are_refused(tmp_path, arg, message):
+    from orchestrator.config import parse_overrides
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump({**_base(), "rewards": [{"fn": "exact"}]}))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(cfg_file, parse_overrides([arg]))
+
+
+def test_cli_bad_override_exits_2(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_base()))
+    proc = _cli("run", str(cfg), "iterations.x=3", "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "iterations is 2, not a mapping" in proc.stderr, proc.stderr
+    proc = _cli("config", "show", str(cfg), "trainer.lr")
+    assert proc.returncode == 2 and "expected key.path=value" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_hands_the_overridden_config_to_the_run(tmp_path, monkeypatch):
+    """What `tide run` starts (and writes to RUN_DIR/config.yaml, `dump_config` of it) carries the overrides."""
+    from typer.testing import CliRunner
+
+    from orchestrator import cli
+    from orchestrator.config import dump_config
+
+    started = []
+    monkeypatch.setattr(cli, "_execute", lambda cfg, run, resume: started.append(cfg))
+    result = CliRunner().invoke(cli.app, ["run", str(ROOT / "configs" / "quickstart.yaml"), "trainer.lr=5e-4",
+                                          "rollout.n_samples=3", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(dump_config(started[0]))
+    assert written["trainer"]["lr"] == 5e-4 and written["rollout"]["n_samples"] == 3
+
+
+def test_config_show_prints_the_resolved_config(tmp_path):
+    path = ROOT / "configs" / "chat_dataset.yaml"
+    proc = _cli("config", "show", str(path), "trainer.lr=5e-4", "iterations=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    from orchestrator.config import dump_config
+
+    cfg = load_config(path, {"trainer.lr": 5e-4, "iterations": 3})
+    assert proc.stdout == dump_config(cfg)
+    shown = yaml.safe_load(proc.stdout)
+    assert parse_config(shown) == cfg and shown["trainer"]["lr"] == 5e-4 and shown["iterations"] == 3
+    assert shown["rollout"]["max_logprob_gap"] is None and "top_k" in shown["rollout"]  # every default written
+    bad = _cli("config", "show", str(path), "rollout.n_sampels=3", cwd=tmp_path)
+    assert bad.returncode == 2 and "did you mean rollout.n_samples?" in bad.stderr, bad.stderr
+
+
+def test_docs_config_md_is_current():
+    from orchestrator.config_reference import REGENERATE, reference_markdown
+
+    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), (
+        f"docs/config.md is out of date with the config models: regenerate it with `{REGENERATE}`")
+
+
+def test_reference_shows_types_defaults_and_descriptions():
+    from orchestrator.config import sections
+    from orchestrator.config_reference import reference_markdown, type_text
+    from rollout.config import RolloutConfig
+
+    text = reference_markdown()
+    for section, model in sections():
+        for name, field in model.model_fields.items():
+            assert field.description, f"{section}.{name} has no description"
+    fields = RolloutConfig.model_fields
+    assert type_text(fields["top_p"].annotation, fields["top_p"].metadata) == "0 < float <= 1"
+    assert type_text(fields["kv_cache_gb"].annotation, fields["kv_cache_gb"].metadata) == "float > 0 | null"
+    assert type_text(fields["enforce_eager"].annotation, []) == 'bool | "auto"'
+    assert type_text(fields["cache_root"].annotation, fields["cache_root"].metadata) == "path | null"
+    assert "### `trainer.kl`" in text and "## `rewards[]`" in text and "### `jax.sac`" in text
+    assert '| `device` | `"cpu" \\| "cuda"` | `"cpu"` |' in text
+    assert "| `num_iterations` | `trainer.epochs` |" in text and "| `data.train_batch_size` |" in text
+
+
+def _project(tmp_path: Path) -> Path:
+    """A config in tmp/proj/cfg with its data, template and model directory beside it."""
+    cfg_dir = tmp_path / "proj" / "cfg"
+    (cfg_dir / "data").mkdir(parents=True)
+    (cfg_dir / "data" / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (cfg_dir / "chat.jinja").write_text("{{ messages }}")
+    (cfg_dir / "model").mkdir()
+    return cfg_dir
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    cfg_dir = _project(tmp_path)
+    cfg_file = cfg_dir / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump({**_base(), "run_dir": "../runs/t",
+                                        "task": {"name": "jsonl", "path": "data/train.jsonl"},
+                                        "model": {"path": "model", "chat_template": "./chat.jinja"}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = _cli("config", "show", str(cfg_file), cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    shown = yaml.safe_load(proc.stdout)
+    assert shown["task"]["path"] == str(cfg_dir / "data" / "train.jsonl")
+    assert shown["model"]["path"] == str(cfg_dir / "model")
+    assert shown["model"]["chat_template"] == str(cfg_dir / "chat.jinja")
+    assert shown["run_dir"] == str(tmp_path / "proj" / "runs" / "t")
+    # RUN_DIR/config.yaml holds absolute paths: it loads back the same from any directory (`tide resume`)
+    run_dir = elsewhere / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(proc.stdout)
+    assert load_config(run_dir / "config.yaml") == load_config(cfg_file)
+
+
+def test_hub_id_stays_a_hub_id_and_a_missing_path_is_named_absolute(tmp_path):
+    cfg_dir = _project(tmp_path)
+    cfg_file = cfg_dir / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump({**_base(), "model": {"path": "Qwen/Qwen2.5-7B"},
+                                        "task": {"name": "jsonl", "path": "data/missing.jsonl"}}))
+    proc = _cli("config", "show", str(cfg_file), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert (f"task.path: no such file '{cfg_dir / 'data' / 'missing.jsonl'}' (relative paths resolve against the "
+            f"config file's directory {cfg_dir})") in proc.stderr, proc.stderr
+    cfg = load_config(cfg_file, {"task.path": "data/train.jsonl"})
+    assert cfg.model.path == "Qwen/Qwen2.5-7B"
+    with pytest.raises(ConfigError, match=re.escape(f"model.path: no such directory '{cfg_dir / 'missing'}'")):
+        load_config(cfg_file, {"task.path": "data/train.jsonl", "model.path": "./missing"})
+
+
+def test_a_dict_config_resolves_against_the_working_directory(tmp_path, monkeypatch):
+    cfg_dir = _project(tmp_path)
+    monkeypatch.chdir(cfg_dir)
+    cfg = parse_config({**_base(), "task": {"name": "jsonl", "path": "data/train.jsonl"}})
+    assert cfg.task.path == str(cfg_dir / "data" / "train.jsonl")
+    with pytest.raises(ConfigError, match=re.escape(f"against the working directory {cfg_dir}")):
+        parse_config({**_base(), "task": {"name": "jsonl", "path": "nope.jsonl"}})
+
+
+def test_version():
+    from importlib.metadata import version
+
+    proc = _cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"tide {version('tide')}", proc.stderr
