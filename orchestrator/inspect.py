@@ -1,4 +1,6 @@
-"""`tide inspect`: per-phase table (count, median, total, share) and a PNG of phase time and reward."""
+"""`tide inspect`: how the run ended (or that it is running), the per-phase table (count, median, total, share)
+and a PNG of phase time per iteration, reward, and the training signals beside it (loss, KL to the reference,
+entropy, completion length)."""
 from __future__ import annotations
 
 import statistics
@@ -33,6 +35,12 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
     for r in rows:
         table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}", f"{r['share']:.1%}")
     console.print(table)
+    status = run.status()
+    if status:
+        where = f"iteration {status.get('iteration')}, phase {status.get('phase')}"
+        line = {"finished": "finished", "running": f"running ({where})"}.get(
+            status.get("state"), f"failed at {where}: {status.get('error')}")
+        console.print(f"status: {line}")
     metrics = run.metrics()
     if metrics:
         last = metrics[-1]
@@ -58,7 +66,11 @@ def plot_run(timings: list[dict], metrics: list[dict], out: Path, title: str) ->
     per = defaultdict(float)
     for r in timings:
         per[(r["iteration"], r["phase"])] += r["seconds"]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    llm = bool(metrics) and "loss" in metrics[0]
+    fig = plt.figure(figsize=(11, 10 if llm else 7))
+    grid = fig.add_gridspec(3 if llm else 2, 3)
+    ax1 = fig.add_subplot(grid[0, :])
+    ax2 = fig.add_subplot(grid[1, :], sharex=ax1)
     bottom = [0.0] * len(its)
     for p in phases:
         vals = [per[(i, p)] for i in its]
@@ -81,11 +93,43 @@ def plot_run(timings: list[dict], metrics: list[dict], out: Path, title: str) ->
                      label="eval pass@1 (greedy)")
         if "accuracy" in metrics[0] or evals:
             ax2.legend(loc="lower right", fontsize=8)
-    ax2.set_xlabel("iteration")
     ax2.grid(alpha=0.3)
+    if llm:
+        _training_panels([fig.add_subplot(grid[2, k], sharex=ax1) for k in range(3)], metrics)
+    else:
+        ax2.set_xlabel("iteration")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _training_panels(axes, metrics: list[dict]) -> None:
+    """Loss (and the KL to the reference), entropy of the sampling distribution, completion length (mean, with
+    the min-max range, and the share cut at max_new_tokens)."""
+    its = [m["iteration"] for m in metrics]
+
+    def series(key: str) -> list[float]:
+        return [m.get(key, float("nan")) for m in metrics]
+
+    loss_ax, entropy_ax, length_ax = axes
+    loss_ax.plot(its, series("loss"), label="loss")
+    if "kl_ref" in metrics[0]:
+        loss_ax.plot(its, series("kl_ref"), label="kl_ref")
+    loss_ax.legend(fontsize=8)
+    loss_ax.set_title("loss", fontsize=9)
+    entropy_ax.plot(its, series("entropy"), color="tab:green")
+    entropy_ax.set_title("entropy (nats per token)", fontsize=9)
+    length_ax.plot(its, series("completion_len"), color="tab:purple", label="mean")
+    length_ax.fill_between(its, series("completion_len_min"), series("completion_len_max"), color="tab:purple",
+                           alpha=0.2, label="min-max")
+    length_ax.set_title("completion tokens", fontsize=9)
+    cut = length_ax.twinx()
+    cut.plot(its, series("clipped_ratio"), color="tab:red", alpha=0.6, linestyle="--")
+    cut.set_ylim(0, 1.05)
+    cut.set_ylabel("share cut at max_new_tokens", fontsize=8, color="tab:red")
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
 
 
 def _clip_outliers(ax, iterations: list[int], totals: list[float], factor: float = 3.0) -> None:

@@ -10,9 +10,17 @@ from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.logprob_check import check_logprob_gap, logprob_gap, probe_due
 from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
-from orchestrator.rewards import score_samples
+from orchestrator.reward_functions import TrainerState
+from orchestrator.rewards import reward_phase
+from orchestrator.sample_metrics import sample_metrics, sample_records
 from orchestrator.session import Session, console
 from trainer.lr_schedule import lr_at
+
+
+# What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref with trainer.kl only,
+# the clip fractions with loss grpo only
+TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "logp_mean", "entropy", "clip_fraction_low",
+                 "clip_fraction_high", "tokens", "optimizer_steps")
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
@@ -36,7 +44,10 @@ def run_iterations(s: Session) -> None:
                 samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling,
                                              sampling_seed(cfg.seed, it))
             with run.phase(it, "reward"):
-                reward = score_samples(s.task, problems, samples, t.length_penalty, s.reward_functions)
+                steps = t.updates_per_iteration * t.epochs  # what TRL's trainer_state counts: optimizer steps
+                scored = reward_phase(s.task, problems, samples, t.length_penalty, s.reward_functions,
+                                      trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
+                reward = scored.metrics
             batch = samples_batch(samples, s.sampling)
             if r.mismatch_correction == "tis":
                 with run.phase(it, "old_logprobs"):
@@ -48,7 +59,8 @@ def run_iterations(s: Session) -> None:
                 progress.update(bar, description=f"{cfg.name} · train")
                 lr = lr_at(t.lr, t.lr_schedule, it, cfg.iterations)
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
-                train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle)
+                train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
+                                             epochs=t.epochs)
             gap_bound = r.logprob_gap_bound(cfg.model.dtype)
             check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update")
             with run.phase(it, "publish") as rec:
@@ -71,13 +83,13 @@ def run_iterations(s: Session) -> None:
                                           sampling_seed(cfg.seed + EVAL_STREAM, it))
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
-            run.log_metrics({"iteration": it, **reward, "logprob_gap": train["behaviour_gap"], **probe,
-                             "loss": train["loss"], "grad_norm": train["grad_norm"],
-                             "sq_log_ratio": train["sq_log_ratio"], "lr": lr,
-                             **({"kl_ref": train["kl_ref"]} if t.kl.coef > 0 else {}), **tis_metrics(batch),
-                             "samples": len(samples), **rendering.metrics(), **evaluation, **moved})
-            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  loss {train['loss']:+.4f}  "
-                        f"gap {train['behaviour_gap']:.2e}")
+            run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": lr,
+                             **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
+                             "logprob_gap": train["behaviour_gap"], **probe, "samples": len(samples),
+                             **rendering.metrics(), **evaluation, **moved})
+            run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
+            console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
+                        f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")
             if probe:
                 check_logprob_gap(it, probe["probe_gap"], gap_bound)
             if it % cfg.save_every == 0 or it == cfg.iterations:

@@ -4,6 +4,9 @@ Layout:
     RUN_DIR/config.yaml        resolved config (what `tide resume` reads back)
     RUN_DIR/timings.jsonl      one record per phase per iteration: iteration, phase, start, seconds[, bytes]
     RUN_DIR/metrics.jsonl      one record per iteration: iteration, reward_mean, logprob_gap, ...
+    RUN_DIR/samples.jsonl      a few completions per iteration (prompt, completion, reward, length, finish reason)
+    RUN_DIR/status.json        live state (iteration, phase, pids), then how the run ended: state finished or
+                               failed (with the error)
     RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
     RUN_DIR/final.json         the last iteration and the trainer's parameter digests (LLM runs)
     RUN_DIR/tb/                TensorBoard event files: the metrics and `time/<phase>` per iteration
@@ -68,6 +71,7 @@ class RunDir:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.created = not self.path.exists()  # made by this process: removed again if nothing ran
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
         self._tb: TensorBoardLog | None = None
@@ -112,6 +116,10 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     @property
+    def samples_file(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
@@ -122,10 +130,32 @@ class RunDir:
 
     def set_status(self, **fields: Any) -> None:
         """Live state for people and tools watching a run (current iteration and phase, pids)."""
-        self._status = {**getattr(self, "_status", {}), **fields, "driver_pid": os.getpid(), "time": time.time()}
+        self._status = {**getattr(self, "_status", {}), "state": "running", **fields, "driver_pid": os.getpid(),
+                        "time": time.time()}
         tmp = self.status_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._status))
+        tmp.write_text(json.dumps(self._status, indent=1))
         tmp.replace(self.status_file)
+
+    def end_status(self, error: BaseException | None = None) -> None:
+        """How the run ended: `finished`, or `failed` with the error (the phase it failed in stays recorded)."""
+        if error is None:
+            self.set_status(state="finished", phase="finished", error=None)
+        elif isinstance(error, KeyboardInterrupt):
+            self.set_status(state="failed", error="interrupted (Ctrl-C or SIGTERM)")
+        else:
+            self.set_status(state="failed", error=f"{type(error).__name__}: {error}")
+
+    def status(self) -> dict:
+        """status.json as last written; a run whose driver died without saying so (SIGKILL, a lost node) reads
+        `failed` with that reason."""
+        try:
+            status = json.loads(self.status_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        if status.get("state", "running") == "running" and not _alive(status.get("driver_pid")):
+            status |= {"state": "failed", "error": f"the driver (pid {status.get('driver_pid')}) ended without "
+                                                   f"recording how: killed, or its machine went away"}
+        return status
 
     @contextmanager
     def phase(self, iteration: int, name: str) -> Iterator[dict]:
@@ -150,8 +180,21 @@ class RunDir:
             log.scalars(record["iteration"], record)
             log.flush()
 
+    def log_samples(self, iteration: int, records: list[dict]) -> None:
+        """A few completions of the iteration, for people to read (samples.jsonl; TensorBoard text)."""
+        if not records:
+            return
+        with open(self.samples_file, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in records))
+        for log in self._loggers():
+            if hasattr(log, "samples"):
+                log.samples(iteration, records)
+
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_file)
+
+    def samples(self) -> list[dict]:
+        return read_jsonl(self.samples_file)
 
     def timings(self) -> list[dict]:
         return read_jsonl(self.timings_file)
@@ -160,7 +203,7 @@ class RunDir:
         """Drop records of iterations > `iteration` (work done after the checkpoint a resume starts from),
         so that no iteration is recorded twice (TensorBoard: events from iteration + 1 on are purged)."""
         self._tb_purge_step = iteration + 1
-        for f in (self.metrics_file, self.timings_file):
+        for f in (self.metrics_file, self.timings_file, self.samples_file):
             kept = [r for r in read_jsonl(f) if r["iteration"] <= iteration]
             tmp = f.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -210,6 +253,18 @@ class RunDir:
         equal weights: what an uninterrupted and a resumed run are compared by)."""
         (self.path / "final.json").write_text(json.dumps(
             {"iteration": iteration, "parameter_digests": parameter_digests}, indent=1))
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _fsync_dir(path: Path) -> None:

@@ -22,8 +22,10 @@ from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import probe_problems
 from orchestrator.model_source import resolve_model_dir
+from orchestrator.placement import Placement
 from orchestrator.prompts import PromptRenderer, RenderedTask
 from orchestrator.reward_functions import RewardFunctionError, RewardFunctions
+from orchestrator.rewards import reward_columns
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup
@@ -32,7 +34,7 @@ from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
 
-console = Console(stderr=True)
+console = Console(stderr=True, log_path=False)  # a time per line; the code location would crowd 80 columns
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Session:
                 sandbox_url = sandbox.url
             task = make_task(cfg.task, sandbox_url=sandbox_url, seed=cfg.seed)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
+            _check_context_length(model_dir, cfg)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             renderer = PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt,
                                       cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts)
@@ -72,7 +75,8 @@ class Session:
             reward_functions = None
             if cfg.rewards:
                 try:
-                    reward_functions = RewardFunctions(cfg.rewards, cfg.reward_timeout_s, sandbox_url=sandbox_url)
+                    reward_functions = RewardFunctions(cfg.rewards, cfg.reward_timeout_s, sandbox_url=sandbox_url,
+                                                       columns=reward_columns(task.task.problems(cfg.seed, 1, 1)[0]))
                 except RewardFunctionError as e:  # not importable, wrong signature: a config error
                     raise ConfigError(f"rewards: {e}") from None
                 stack.callback(reward_functions.close)
@@ -82,11 +86,13 @@ class Session:
             with startup("startup/ray"):
                 stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
+            placement = Placement.reserve(cfg.trainer, cfg.rollout)
+            stack.callback(placement.release)
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
-                group = RolloutGroup(dirs, cfg.rollout.engine_config(), dtype=cfg.model.dtype, seed=cfg.seed,
-                                     deterministic=cfg.deterministic, stop=cfg.rollout.stop,
-                                     stop_token_ids=task.renderer.end_of_turn_ids())
+                group = RolloutGroup(dirs, cfg.rollout.engine_config(cfg.iterations), dtype=cfg.model.dtype,
+                                     seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
+                                     stop_token_ids=task.renderer.end_of_turn_ids(), placement=placement.engine)
                 stack.callback(group.shutdown)
                 return group
 
@@ -98,10 +104,12 @@ class Session:
             early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
-                                                   deterministic=cfg.deterministic, dtype=cfg.model.dtype))
+                                                   deterministic=cfg.deterministic, dtype=cfg.model.dtype),
+                                       placement=placement.trainer_rank)
             stack.callback(trainer.shutdown)
             weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
-                                       trainer_node=trainer.node, namespace=cfg.ray.namespace)
+                                       trainer_node=trainer.node, namespace=cfg.ray.namespace,
+                                       placement=placement.agents(cfg.rollout.engines, trainer.node_id))
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
             session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early)
@@ -172,6 +180,25 @@ class Session:
         and remove the run's shared memory."""
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
+
+
+def _check_context_length(model_dir: str, cfg: TideConfig) -> None:
+    """A completion budget the model's context cannot hold stops the run before anything starts (vLLM would
+    refuse every request of the first rollout)."""
+    import json
+    from pathlib import Path
+
+    r = cfg.rollout
+    model_len = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    context = r.max_model_len or model_len
+    if context is None:
+        return
+    need = r.max_new_tokens + (r.max_prompt_tokens or 1)
+    if need > context:
+        prompt = f"rollout.max_prompt_tokens {r.max_prompt_tokens}" if r.max_prompt_tokens else "a 1-token prompt"
+        limit = "rollout.max_model_len" if r.max_model_len else "its max_position_embeddings"
+        raise ConfigError(f"rollout.max_new_tokens {r.max_new_tokens} with {prompt} needs {need} positions; the model "
+                          f"({model_dir}) holds {context} ({limit}): lower rollout.max_new_tokens or max_prompt_tokens")
 
 
 class _StartupClock:

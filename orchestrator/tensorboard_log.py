@@ -23,6 +23,17 @@ class TensorBoardLog:
             if math.isfinite(value):
                 self._writer.add_scalar(prefix + name, float(value), step)
 
+    def samples(self, step: int, records: list[dict]) -> None:
+        """Completions to read, as a markdown table under the TEXT tab (`samples`)."""
+        def cell(value) -> str:
+            text = f"{value:.4g}" if isinstance(value, float) else str(value)
+            return text.replace("|", "\\|").replace("\n", "<br>")
+
+        header = ["prompt", "completion", "reward", "completion_tokens", "finish_reason"]
+        rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        rows += ["| " + " | ".join(cell(r.get(k)) for k in header) + " |" for r in records]
+        self._writer.add_text("samples", "\n".join(rows), step)
+
     def flush(self) -> None:
         self._writer.flush()
 

@@ -12,17 +12,19 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class WandbConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    project: str = "tide"
-    entity: str | None = None
-    name: str | None = None  # None: the config's `name`
-    mode: Literal["offline", "online"] = "offline"
-    tags: list[str] = []
+    project: str = Field("tide", description="W&B project of the run.")
+    entity: str | None = Field(None, description="W&B entity (user or team); null: your default entity.")
+    name: str | None = Field(None, description="W&B run name; null: the config's `name`.")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="`offline`: files under RUN_DIR/wandb, uploaded later with `wandb sync`; `online`: "
+        "logged as the run goes (needs a W&B login and a route out).")
+    tags: list[str] = Field([], description="W&B tags of the run.")
 
 
 class WandbLog:
@@ -41,6 +43,15 @@ class WandbLog:
                 if k != "iteration" and not isinstance(v, bool) and isinstance(v, Real) and math.isfinite(v)}
         if data and step >= (self._run.step or 0):
             self._run.log(data, step=step)
+
+    def samples(self, step: int, records: list[dict]) -> None:
+        """Completions to read, as a W&B table (`samples`)."""
+        import wandb
+
+        if records and step >= (self._run.step or 0):
+            columns = list(records[0])
+            table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in records])
+            self._run.log({"samples": table}, step=step)
 
     def flush(self) -> None:
         pass  # wandb writes from its own process

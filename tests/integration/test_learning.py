@@ -37,3 +37,29 @@ def test_quickstart_job_learns(tmp_path, address, config):
     last = sum(m["reward_mean"] for m in metrics[-2:]) / 2
     print(f"{config}: reward {first:.3f} -> {last:.3f}, max gap {max(m['logprob_gap'] for m in metrics):.2e}")
     assert last >= first + MARGIN
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "finished"
+    _reports_what_trl_and_verl_users_read(tmp_path / "run", metrics, cfg)
+
+
+def _reports_what_trl_and_verl_users_read(run_dir: Path, metrics: list[dict], cfg: dict) -> None:
+    """The quickstart's metrics.jsonl and TensorBoard carry entropy, clip fractions (GRPO), reward spread and
+    zero-advantage groups, completion lengths and the share cut at max_new_tokens, token counts; a few
+    completions per iteration are in samples.jsonl and TensorBoard's text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    keys = {"entropy", "reward_std", "reward_std_in_group", "zero_std_groups", "completion_len", "completion_len_min", "completion_len_max",
+            "clipped_ratio", "tokens", "prompt_tokens", "logp_mean", "optimizer_steps"}
+    if cfg["trainer"]["loss"] == "grpo":
+        keys |= {"clip_fraction_low", "clip_fraction_high"}
+    for m in metrics:
+        assert keys <= m.keys(), keys - m.keys()
+        assert m["entropy"] > 0 and 0 <= m["zero_std_groups"] <= 1 and 0 <= m["clipped_ratio"] <= 1
+    if "clip_fraction_low" in keys:  # 4 mini-batches per iteration: the later ones leave pi_old and get clipped
+        assert max(m["clip_fraction_low"] + m["clip_fraction_high"] for m in metrics) > 0
+    assert metrics[-1]["entropy"] < metrics[0]["entropy"]  # learning sharpens the policy
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert keys <= set(acc.Tags()["scalars"]), keys - set(acc.Tags()["scalars"])
+    assert len(acc.Tensors("samples/text_summary")) == len(metrics)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * len(metrics)

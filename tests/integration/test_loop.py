@@ -26,7 +26,7 @@ def _config(name: str, address: str, **over) -> dict:
         "model": {"tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
                            "intermediate_size": 128}},
         "task": {"name": "addition", "max_digits": 1},
-        "trainer": {"lr": 2e-3, "warmup_sft_steps": 2, "warmup_sft_batch": 32},
+        "trainer": {"loss": "kimi", "lr": 2e-3, "warmup_sft_steps": 2, "warmup_sft_batch": 32, "warmup_sft_lr": 3e-3},
         "rollout": {"prompts_per_iteration": 8, "n_samples": 4, "max_new_tokens": 4, "sync_mode": "reload",
                     "kv_cache_gb": 0.125, "probe_prompts": 4},
         "publish": {"shm_root": f"/dev/shm/tide-test-{os.getpid()}"},
@@ -97,9 +97,18 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
             assert 0 <= m["eval/sampled_pass@1"] <= m["eval/pass@3"] <= 1 and 0 <= m["eval/pass@1"] <= 1
     assert (reference_run / "tb").is_dir() and any((reference_run / "tb").iterdir())
     assert all(t["bytes"] > 0 for t in timings if t["phase"] in ("publish", "sync"))
+    for m in metrics:  # what a TRL / veRL user reads (kimi's loss: no clipping, so no clip fractions)
+        assert m["entropy"] > 0 and m["logp_mean"] < 0 and m["tokens"] > 0 and m["prompt_tokens"] > 0, m
+        assert 0 <= m["zero_std_groups"] <= 1 and m["reward_std"] >= 0 and 0 <= m["clipped_ratio"] <= 1, m
+        assert 1 <= m["completion_len_min"] <= m["completion_len"] <= m["completion_len_max"] <= 4, m
+        assert m["optimizer_steps"] == 1 and "clip_fraction_low" not in m
+    samples = [json.loads(line) for line in (reference_run / "samples.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in samples] == [it for it in range(1, 5) for _ in range(4)]  # logging.samples: 4
+    assert all(r["prompt"].endswith("=") and isinstance(r["completion"], str) for r in samples)
+    assert json.loads((reference_run / "status.json").read_text())["state"] == "finished"
     proc = _tide("inspect", reference_run, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "rollout" in proc.stdout and "share" in proc.stdout
+    assert "rollout" in proc.stdout and "share" in proc.stdout and "status: finished" in proc.stdout
     assert (reference_run / "timings.png").stat().st_size > 10_000
 
 
@@ -127,11 +136,15 @@ def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (run_dir / "final.json").exists(), "run ended before it was killed"
+    from orchestrator.rundir import RunDir
+
+    assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
     recorded = [m["iteration"] for m in _metrics(run_dir)]
     assert recorded[:2] == [1, 2] and recorded == list(range(1, len(recorded) + 1)), recorded
     resumed = _tide("resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert (run_dir / "metrics.jsonl").read_text() == (reference_run / "metrics.jsonl").read_text()
+    assert (run_dir / "samples.jsonl").read_text() == (reference_run / "samples.jsonl").read_text()
     final = json.loads((run_dir / "final.json").read_text())
     ref_final = json.loads((reference_run / "final.json").read_text())
     assert final["parameter_digests"] == ref_final["parameter_digests"]
@@ -155,6 +168,8 @@ def test_sigterm_stops_the_run_cleanly(tmp_path, address):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted; `tide resume` continues" in err, err[-4000:]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["state"], status["error"]) == ("failed", "interrupted (Ctrl-C or SIGTERM)")
     for pid in s["engine_pids"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -229,11 +244,13 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
     shipped = yaml.safe_load((ROOT / "configs" / "chat_dataset.yaml").read_text())
     cfg = _write(tmp_path, _config(
         "two_nodes", address, iterations=2, save_every=2, rollout__engines=2, rollout__stop=["\n"],
-        rollout__max_prompt_tokens=512, transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
+        rollout__max_prompt_tokens=128, transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
         task={**shipped["task"], "path": str(tmp_path / "data" / "train.jsonl"),
               "eval_path": str(tmp_path / "data" / "eval.jsonl")},
         model__chat_template="auto", model__system_prompt=shipped["model"]["system_prompt"],
-        rewards=shipped["rewards"], eval={"every": 2, "prompts": 8, "n_samples": 2}))
+        rewards=[{**r, "fn": str(ROOT / "configs" / r["fn"]) if ".py:" in r["fn"] else r["fn"]}
+                 for r in shipped["rewards"]],  # a file relative to the shipped config
+        eval={"every": 2, "prompts": 8, "n_samples": 2}))
     try:
         proc = _tide("run", cfg, "--run-dir", tmp_path / "run")
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -311,3 +328,4 @@ def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tm
         ours = logp[len(s.prompt_ids) - 1:].tolist()
         vllm = ray.get(rollout_engine.score_sequences.remote([s.prompt_ids], [s.completion_ids]), timeout=400)[0]
         assert max(abs(a - b) for a, b in zip(ours, vllm)) <= 1e-4
+

@@ -114,3 +114,104 @@ def test_start_up_rows_lead_the_phase_table():
     rows = phase_table(timings)
     assert [r["phase"] for r in rows] == ["startup/ray", "startup/engines", "warmup", "rollout"]
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+
+
+def test_samples_reach_jsonl_and_tensorboard_text_and_a_resume_redoes_them(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = RunDir(tmp_path / "r")
+    for it in (1, 2):
+        run.log_samples(it, [{"iteration": it, "prompt": "1+1=", "completion": f"{it} | x", "reward": 0.5,
+                              "completion_tokens": 2, "finish_reason": "stop"}])
+    run.close()
+    resumed = RunDir(tmp_path / "r")
+    resumed.truncate_after(1)
+    resumed.log_samples(2, [{"iteration": 2, "prompt": "2+2=", "completion": "4", "reward": 1.0,
+                             "completion_tokens": 1, "finish_reason": "stop"}])
+    resumed.close()
+    assert [(r["iteration"], r["completion"]) for r in resumed.samples()] == [(1, "1 | x"), (2, "4")]
+    acc = EventAccumulator(str(tmp_path / "r" / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("samples/text_summary")}
+    assert "1 \\| x" in texts[1] and "| prompt | completion | reward |" in texts[1]  # a markdown table, | escaped
+
+
+def test_status_says_how_the_run_ended(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run = RunDir(tmp_path / "r")
+    run.set_status(iteration=3, phase="train")
+    assert run.status()["state"] == "running"
+    run.end_status(ValueError("reward 'x' raised KeyError"))
+    status = run.status()
+    assert (status["state"], status["phase"], status["error"]) == ("failed", "train",
+                                                                   "ValueError: reward 'x' raised KeyError")
+    run.end_status(KeyboardInterrupt())
+    assert run.status()["error"] == "interrupted (Ctrl-C or SIGTERM)"
+    run.end_status()
+    assert (run.status()["state"], run.status()["phase"]) == ("finished", "finished")
+    # a driver that died without a word (SIGKILL): its status still says running, its pid is gone
+    code = ("import sys; from orchestrator.rundir import RunDir; RunDir(sys.argv[1]).set_status(iteration=2, "
+            "phase='rollout')")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "k")], check=True, cwd=os.getcwd())
+    status = RunDir(tmp_path / "k").status()
+    assert status["state"] == "failed" and "ended without recording how" in status["error"]
+    assert status["phase"] == "rollout"
+
+
+
+def test_a_run_stopped_by_its_input_leaves_no_directory(tmp_path):
+    """A data error found at start-up (exit 2, through the CLI) leaves nothing behind when the run made the
+    directory."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "bad", "iterations": 1,
+                                      "task": {"name": "dataset", "path": "rows.jsonl"}}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(config), "--run-dir",
+                           str(tmp_path / "new")], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and "row 2" in proc.stderr and "'answer'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_broken_run_says_why_and_a_directory_it_did_not_make_stays(tmp_path, monkeypatch):
+    """How `tide run` / `tide resume` end a run (orchestrator.cli._execute): a failure after start-up leaves
+    status.json `failed` with the error and the phase it happened in; an input error in a directory that existed
+    before leaves that directory, saying so; a finished run reads `finished`."""
+    import pytest
+
+    from orchestrator import cli
+    from rollout.tasks import TaskDataError
+
+    def broken(cfg, run, resume):
+        run.set_status(iteration=1, phase="reward")
+        raise RuntimeError("reward 'boom' (my_rewards.py:boom) raised ValueError: no such column")
+
+    monkeypatch.setattr(cli, "_drive", broken)
+    run = RunDir(tmp_path / "broken")
+    with pytest.raises(RuntimeError):
+        cli._execute(None, run, resume=False)
+    status = json.loads((tmp_path / "broken" / "status.json").read_text())
+    assert (status["state"], status["iteration"], status["phase"]) == ("failed", 1, "reward")
+    assert status["error"] == "RuntimeError: reward 'boom' (my_rewards.py:boom) raised ValueError: no such column"
+
+    def bad_row(cfg, run, resume):
+        raise TaskDataError("rows.jsonl: row 2: field 'answer' is missing or null")
+
+    monkeypatch.setattr(cli, "_drive", bad_row)
+    (tmp_path / "old").mkdir()
+    with pytest.raises(TaskDataError):
+        cli._execute(None, RunDir(tmp_path / "old"), resume=True)
+    assert json.loads((tmp_path / "old" / "status.json").read_text())["state"] == "failed"
+
+    monkeypatch.setattr(cli, "_drive", lambda cfg, run, resume: None)
+    cli._execute(None, RunDir(tmp_path / "fine"), resume=False)
+    assert json.loads((tmp_path / "fine" / "status.json").read_text())["state"] == "finished"
