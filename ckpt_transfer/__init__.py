@@ -7,8 +7,8 @@ from .checksum import ShardVerificationError, checksum_file, verify_shard
 from .config import PublishConfig, WeightTransferConfig
 from .manifest import MANIFEST_FILE, Manifest, ShardRecord, TensorRecord
 from .verify import CheckpointError, verify_manifest
-from .weight_sync import Delivery, MooncakeSync, SharedMemorySync, WeightSync, open_weight_sync
+from .weight_sync import AgentPlacement, Delivery, MooncakeSync, SharedMemorySync, WeightSync, open_weight_sync
 
 __all__ = ["Manifest", "ShardRecord", "TensorRecord", "MANIFEST_FILE", "checksum_file", "verify_shard",
            "ShardVerificationError", "CheckpointError", "verify_manifest", "PublishConfig", "WeightTransferConfig",
-           "WeightSync", "SharedMemorySync", "MooncakeSync", "Delivery", "open_weight_sync"]
+           "WeightSync", "SharedMemorySync", "MooncakeSync", "Delivery", "open_weight_sync", "AgentPlacement"]

@@ -226,7 +226,21 @@ def start_node_agent_actor(node: str, shm_root: str, config: TransferConfig | Ma
 
     opts = {"num_cpus": 0, **ray_options}
     cfg = config.model_dump() if isinstance(config, TransferConfig) else config
-    return ray.remote(NodeAgent).options(**opts).remote(node, shm_root, cfg, registry, keep_last)
+    return ray.remote(_RayNodeAgent).options(**opts).remote(node, shm_root, cfg, registry, keep_last)
+
+
+class _RayNodeAgent(NodeAgent):
+    """A NodeAgent in a Ray actor: `local_host: auto` becomes the address Ray knows this node by, wherever the
+    actor was placed."""
+
+    def __init__(self, node: str, shm_root: str, config: Mapping | None, registry: RegistryClient | None,
+                 keep_last: int | None) -> None:
+        import ray
+
+        config = dict(config or {})
+        if config.get("local_host") == "auto":
+            config["local_host"] = ray.util.get_node_ip_address()
+        super().__init__(node, shm_root, config, registry, keep_last)
 
 
 # ---------------------------------------------------------------------- CLI (subprocess nodes)

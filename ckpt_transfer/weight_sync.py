@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import PublishConfig, WeightTransferConfig
@@ -92,7 +92,11 @@ class MooncakeSync(WeightSync):
     from the trainer node's agent (Ray actors, one per node)."""
 
     def __init__(self, run: str, publish: PublishConfig, engines: int, transfer: WeightTransferConfig,
-                 trainer_node: str, namespace: str, timeout_s: float = 600) -> None:
+                 trainer_node: str, namespace: str, timeout_s: float = 600,
+                 placement: AgentPlacement | None = None) -> None:
+        """`placement`: Ray options (a scheduling strategy) of the source agent and of each rollout node's
+        agent, which must run where the trainer's rank 0 and engine k run; None: wherever Ray puts them (one
+        machine)."""
         import ray
 
         from .node_agent import start_node_agent_actor
@@ -103,9 +107,11 @@ class MooncakeSync(WeightSync):
         mooncake = transfer.mooncake.model_dump()
         self.registry = get_or_create_registry(transfer.registry_name, namespace,
                                                state_path=transfer.registry_state_path)
-        self.source = start_node_agent_actor(trainer_node, publish.shm_root, mooncake, self.registry)
+        place = placement or AgentPlacement()
+        self.source = start_node_agent_actor(trainer_node, publish.shm_root, mooncake, self.registry,
+                                             **place.source)
         self.sinks = [start_node_agent_actor(f"rollout{k}", str(self._rollout_root(k)), mooncake, self.registry,
-                                             keep_last=publish.keep_last) for k in range(engines)]
+                                             keep_last=publish.keep_last, **place.sink(k)) for k in range(engines)]
         try:
             ray.get([a.ping.remote() for a in [self.source, *self.sinks]], timeout=timeout_s)
         except BaseException:
@@ -151,9 +157,21 @@ class MooncakeSync(WeightSync):
             shutil.rmtree(self._rollout_root(k) / self.run, ignore_errors=True)
 
 
+@dataclass
+class AgentPlacement:
+    """Ray actor options placing the node agents: `source` beside the trainer's rank 0, `sinks[k]` beside
+    engine k (empty: anywhere)."""
+
+    source: dict = field(default_factory=dict)
+    sinks: list[dict] = field(default_factory=list)
+
+    def sink(self, k: int) -> dict:
+        return self.sinks[k] if self.sinks else {}
+
+
 def open_weight_sync(run: str, publish: PublishConfig, transfer: WeightTransferConfig, engines: int, *,
-                     trainer_node: str, namespace: str) -> WeightSync:
+                     trainer_node: str, namespace: str, placement: AgentPlacement | None = None) -> WeightSync:
     """The implementation the config asks for (`transfer.enabled`)."""
     if transfer.enabled:
-        return MooncakeSync(run, publish, engines, transfer, trainer_node, namespace)
+        return MooncakeSync(run, publish, engines, transfer, trainer_node, namespace, placement=placement)
     return SharedMemorySync(run, publish, engines)

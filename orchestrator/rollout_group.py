@@ -25,23 +25,30 @@ ACTOR_EXIT_TIMEOUT_S = 30.0
 
 class RolloutGroup:
     def __init__(self, model_dirs: list[str], cfg: EngineConfig, *, dtype: str, seed: int, deterministic: bool,
-                 stop: Sequence[str] = (), stop_token_ids: Sequence[int] = ()):
+                 stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+                 placement: Callable[[int], dict] | None = None):
         """One engine per directory (each engine's own copy of the starting weights). Every generation ends
         at a string of `stop` or a token of `stop_token_ids` (the chat template's end of turn), besides EOS.
+        `placement(k)`: Ray options placing engine k (orchestrator/placement.py), also when it is replaced.
         Returns once the engines are launched; `wait_started` waits until they serve (the first call on them
         would wait as well), so that the caller can do other start-up work meanwhile."""
         from rollout.engine import RolloutEngine
 
         self.cfg, self.timeout = cfg, cfg.engine_start_timeout_s
+        self._placement = placement or (lambda k: {})
         self.stop, self.stop_token_ids = tuple(stop), tuple(stop_token_ids)
-        self._actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine)
+        # On GPUs an engine's actor holds its TP degree's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it and the TP
+        # workers vLLM starts from it); on CPU the phases take turns on the host's cores
+        gpus = {"num_gpus": cfg.tp} if cfg.device == "cuda" else {}
+        self._actor = ray.remote(num_cpus=0, max_concurrency=2, **gpus)(RolloutEngine)
         self._engine_args = dict(dtype=dtype, seed=seed, deterministic=deterministic)
         self._model_dirs = list(model_dirs)
         self._loaded: list[Manifest | None] = [None] * len(model_dirs)  # the iteration each engine serves
         self.engines = [self._launch(i) for i in range(len(model_dirs))]
 
     def _launch(self, i: int):
-        return self._actor.remote(self._model_dirs[i], self.cfg, **self._engine_args, start_on=self._loaded[i])
+        return self._actor.options(**self._placement(i)).remote(self._model_dirs[i], self.cfg, **self._engine_args,
+                                                                start_on=self._loaded[i])
 
     def wait_started(self) -> None:
         """Block until every engine serves; an engine that failed to start stops them all and raises."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -33,8 +34,9 @@ class _Rank:
     def call(self, method: str, *args, **kwargs) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def node(self) -> str:
-        return ray.util.get_node_ip_address()
+    def node(self) -> tuple[str, str]:
+        """(IP address, Ray node id) of this rank's node."""
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
     def exit(self) -> None:
         """End this process as Python ends, atexit handlers included: ray.kill skips them, and what libraries
@@ -43,7 +45,8 @@ class _Rank:
 
 
 class TrainerGroup:
-    def __init__(self, spec: TrainerSpec, timeout_s: float = 900):
+    def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None):
+        """`placement(i)`: Ray options placing rank i (orchestrator/placement.py); None: anywhere."""
         self.spec, self.timeout = spec, timeout_s
         self.world = spec.trainer.parallel.world
         env = writer_process_env()
@@ -55,11 +58,11 @@ class TrainerGroup:
             env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
         actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
-        self.ranks = [actor.remote() for _ in range(self.world)]
+        self.ranks = [actor.options(**(placement(i) if placement else {})).remote() for i in range(self.world)]
         try:
             addr, port = self._get(self.ranks[0].address.remote())
             self._get([r.setup.remote(spec, i, self.world, addr, port) for i, r in enumerate(self.ranks)])
-            self.node = self._get(self.ranks[0].node.remote())
+            self.node, self.node_id = self._get(self.ranks[0].node.remote())
         except BaseException:
             for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
                 ray.kill(r)
@@ -76,8 +79,8 @@ class TrainerGroup:
         return next(r for r in results if r is not None and (not isinstance(r, dict) or r.get("reporting", True)))
 
     def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None, updates: int = 1,
-                   shuffle_seed: int | None = None) -> dict:
-        return self._reported(self._all("train_step", batch, mode, lr, updates, shuffle_seed))
+                   shuffle_seed: int | None = None, epochs: int = 1) -> dict:
+        return self._reported(self._all("train_step", batch, mode, lr, updates, shuffle_seed, epochs))
 
     def logprobs(self, batch: TrainBatch, reference: bool = False) -> list[list[float]]:
         """Per sequence, the log-probs of its completion tokens under the batch's distribution: the policy's,

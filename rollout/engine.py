@@ -93,7 +93,7 @@ def configure_env(cfg: EngineConfig) -> None:
     # made it in time here): a restart would otherwise spend 5 s on teardown.
     os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.engine_process == "inline" else "1"
-    if cfg.enforce_eager:
+    if cfg.eager:
         # Eager mode still torch.compiles a few helpers on first use (the sampler's token-rank count among
         # them): on CPU that is an inductor C++ build of ~7 s in every new engine process (its cache sits
         # in the engine's private TMPDIR), paid by the first rollout and by every `restart` sync. The
@@ -119,8 +119,8 @@ def configure_env(cfg: EngineConfig) -> None:
 def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) -> dict:
     """vLLM `LLM(...)` arguments of a rollout engine."""
     kw: dict[str, Any] = dict(
-        tensor_parallel_size=cfg.tp, dtype=dtype, seed=seed, enforce_eager=cfg.enforce_eager,
-        kv_cache_memory_bytes=int(cfg.kv_cache_gb * 2**30), enable_prefix_caching=not deterministic,
+        tensor_parallel_size=cfg.tp, dtype=dtype, seed=seed, enforce_eager=cfg.eager,
+        enable_prefix_caching=not deterministic,
         # log-probs of the distribution sampled from (after temperature and top-k/top-p): what the trainer
         # recomputes; score_sequences' prompt log-probs stay raw whatever this says
         logprobs_mode="processed_logprobs", distributed_executor_backend=executor_backend(cfg),
@@ -130,6 +130,10 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         # ("CPU Generator does not use offset": the engine core dies). Whole prompts avoid the rewind.
         enable_chunked_prefill=False,
     )
+    if cfg.kv_cache_bytes is not None:
+        kw["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+    else:
+        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.max_model_len is not None:

@@ -247,7 +247,7 @@ def main() -> None:
         tokens = extra_start / saved_per_token if saved_per_token > 0 else math.inf
         report.note("compiled_break_even", {"extra_start_s": extra_start, "tokens": tokens,
                                             "eager_generation_s": tokens / eager})
-        report.note("tide_engine_settings", {"engine_process": cfg.engine_process, "enforce_eager": cfg.enforce_eager})
+        report.note("tide_engine_settings", {"engine_process": cfg.engine_process, "enforce_eager": cfg.eager})
         report.goal("tide_path_vs_vllm_direct (same settings)", direct_row["ratio"], DIRECT_TARGET)
         report.goal("tide_default_vs_fastest_vllm", best_row["ratio"], 1.0)
         if not quick:

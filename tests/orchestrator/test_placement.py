@@ -1,0 +1,59 @@
+"""GPU placement on a Ray cluster (the session cluster declares 4 GPUs, none real): the trainer's ranks on one
+node, engine k and rollout node agent k in the same bundle, the source agent beside the trainer, and a layout
+the cluster cannot hold refused by name instead of waiting forever."""
+import pytest
+
+from orchestrator import placement as placement_module
+from orchestrator.placement import Placement
+from rollout.config import RolloutConfig
+from trainer.config import ParallelConfig, TrainerConfig
+
+GPU_TRAINER = TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=2))
+
+
+def test_cpu_runs_reserve_and_pin_nothing(ray_cluster):
+    p = Placement.reserve(TrainerConfig(), RolloutConfig(engines=2))
+    assert p.trainer is None and p.engines is None
+    assert p.trainer_rank(0) == {} and p.engine(1) == {} and p.agents(2, "any").sinks == []
+
+
+def test_gpu_bundles_hold_ranks_engines_and_their_agents(ray_cluster):
+    import ray
+
+    class Where:  # defined here: Ray ships it by value (the test module is not importable in its workers)
+        def where(self):
+            ctx = ray.get_runtime_context()
+            return ctx.get_node_id(), ray.get_gpu_ids(), ctx.get_placement_group_id()
+
+    p = Placement.reserve(GPU_TRAINER, RolloutConfig(device="cuda", engines=2, tp=1))
+    try:
+        actor = ray.remote(Where)
+        ranks = [actor.options(num_gpus=1, num_cpus=0, **p.trainer_rank(i)).remote() for i in range(2)]
+        engines = [actor.options(num_gpus=1, num_cpus=0, **p.engine(k)).remote() for k in range(2)]
+        rank_at = ray.get([r.where.remote() for r in ranks], timeout=60)
+        engine_at = ray.get([e.where.remote() for e in engines], timeout=60)
+        gpus = [g for _, ids, _ in rank_at + engine_at for g in ids]
+        assert len(gpus) == 4 and len(set(gpus)) == 4  # each its own GPU
+        assert {pg for *_, pg in rank_at} == {p.trainer.id.hex()}
+        assert {pg for *_, pg in engine_at} == {p.engines.id.hex()}
+        agents = p.agents(2, rank_at[0][0])
+        sinks = [actor.options(num_cpus=0, **agents.sink(k)).remote() for k in range(2)]
+        source = actor.options(num_cpus=0, **agents.source).remote()
+        for k, (node, _, pg) in enumerate(ray.get([s.where.remote() for s in sinks], timeout=60)):
+            assert (node, pg) == (engine_at[k][0], p.engines.id.hex())
+        assert ray.get(source.where.remote(), timeout=60)[0] == rank_at[0][0]
+        for a in ranks + engines + sinks + [source]:
+            ray.kill(a)
+    finally:
+        p.release()
+
+
+def test_a_layout_the_cluster_cannot_hold_is_refused_by_name(ray_cluster, monkeypatch):
+    monkeypatch.setattr(placement_module, "PLACEMENT_TIMEOUT_S", 2)
+    with pytest.raises(RuntimeError, match=r"no room for 3 rollout engine\(s\) of 2 GPU\(s\) each .*free GPUs per "
+                                           r"node: \{.*: 2\.0\}"):
+        Placement.reserve(GPU_TRAINER, RolloutConfig(device="cuda", engines=3, tp=2))
+    # what was reserved before the refusal is released: the whole cluster is free again
+    p = Placement.reserve(TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=4)),
+                          RolloutConfig())
+    p.release()
