@@ -108,3 +108,18 @@ def test_vocabulary_shards_give_the_whole_entropy():
     parts = [entropy_partials(shard, m) for shard in z.split(8, dim=-1)]
     got = entropy_from_partials(m, sum(p[0] for p in parts), sum(p[1] for p in parts))
     torch.testing.assert_close(got, entropy(z), atol=1e-5, rtol=1e-5)
+
+
+def test_the_entropy_metric_in_pieces_equals_the_whole(monkeypatch):
+    """The trainer computes the entropy metric a few positions at a time (vocabulary-wide temporaries): the
+    pieces give the same values, in order, without a gradient."""
+    from trainer.megatron import worker
+    from trainer.sampling import entropy
+
+    monkeypatch.setattr(worker, "ENTROPY_CHUNK", 3)
+    z = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    got = worker.MegatronWorker._entropy(z, "metric", entropy)
+    assert got.shape == (2, 5) and not got.requires_grad
+    torch.testing.assert_close(got, entropy(z.detach()))
+    assert worker.MegatronWorker._entropy(z, "grad", entropy).requires_grad
+    assert worker.MegatronWorker._entropy(z, "no", entropy) is None

@@ -18,6 +18,7 @@ from trainer.losses import advantages, clip_counts, kl_estimate, masked_referenc
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
+ENTROPY_CHUNK = 1024  # positions per piece of the entropy metric
 # What train_step sums per optimizer step (over micro-batches and data-parallel ranks)
 STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high")
 
@@ -213,12 +214,15 @@ class MegatronWorker:
 
     @staticmethod
     def _entropy(z: torch.Tensor, mode: EntropyMode, fn) -> torch.Tensor | None:
+        """`fn(z)` per position. As a metric it runs without gradient on ENTROPY_CHUNK positions at a time: its
+        temporaries are vocabulary-wide (a 150k vocabulary makes each 0.6 GB per 1k positions in float32)."""
         if mode == "no":
             return None
-        if mode == "metric":
-            with torch.no_grad():
-                return fn(z.detach())
-        return fn(z)
+        if mode == "grad":
+            return fn(z)
+        with torch.no_grad():
+            rows = z.detach().reshape(-1, z.shape[-1])
+            return torch.cat([fn(chunk) for chunk in rows.split(ENTROPY_CHUNK)]).reshape(z.shape[:-1])
 
     def _vocab_parallel_entropy(self, z: torch.Tensor) -> torch.Tensor:
         """Entropy of softmax(z) over the vocabulary split across the TP ranks, without gathering it: each rank's
