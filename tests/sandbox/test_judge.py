@@ -174,16 +174,23 @@ def test_python_cases_run_as_python3_main_py(client):
     assert "ValueError: boom" in r.cases[2].stderr and r.cases[3].stderr.strip() == "bye"
 
 
-@pytest.mark.parametrize("attack,verdicts", [
-    ("os.kill(os.getppid(), signal.SIGKILL)", ["AC", "AC", "AC"]),  # the fork server dies: the rest exec
-    ("os.kill(os.getppid(), signal.SIGSTOP)", ["TLE", "AC", "AC"]),  # it stops: that case waits out its time
+@pytest.mark.parametrize("attack,first", [
+    ("os.kill(os.getppid(), signal.SIGKILL)", {"WA"}),  # the fork server dies: the case ends, the rest exec
+    # it stops: the case waits out its time (TLE). Where the fork server did not answer in time (a loaded
+    # machine), the driver execs every case: the case's parent is then the container's init, which ignores a
+    # SIGSTOP sent from inside its namespace, and the case ends (WA). Seen once in a full clean-clone run.
+    ("os.kill(os.getppid(), signal.SIGSTOP)", {"TLE", "WA"}),
 ])
-def test_a_case_cannot_take_the_fork_server_with_it(client, attack, verdicts):
-    code = f"import os, signal\nn = int(input())\nif n == 0: {attack}\nprint(n)"
+def test_a_case_cannot_take_the_fork_server_with_it(client, attack, first):
+    """The case that attacks its parent then prints a wrong answer, so that no path can give it AC; the cases
+    after it run and pass."""
+    code = f"import os, signal\nn = int(input())\nif n == 0:\n    {attack}\n    n = -1\nprint(n)"
     cases = [{"stdin": f"{n}\n", "expected_stdout": f"{n}\n"} for n in range(3)]
     r = client.run("python", code, cases=cases, limits={"timeout_s": 1})
+    verdicts = [c.verdict.value for c in r.cases]
     # the whole result on failure (pytest shortens reprs)
-    assert [c.verdict.value for c in r.cases] == verdicts, f"{r.status} exit {r.exit_code}\nstderr:\n{r.stderr}"
+    assert verdicts[0] in first and verdicts[1:] == ["AC", "AC"], \
+        f"{verdicts}: {r.status} exit {r.exit_code}\nstderr:\n{r.stderr}"
 
 
 def test_a_fork_server_killed_to_wake_after_the_case_has_ended_keeps_its_status(client):
