@@ -29,7 +29,7 @@ def build_model(arch: str, tmp: Path, quick: bool) -> Path:
     from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     hidden = 128 if quick else 256
-    spec = TinyModelConfig(architecture=arch, hidden_size=hidden, num_layers=4, num_heads=4, num_kv_heads=2,
+    spec = TinyModelConfig(family=arch, hidden_size=hidden, num_layers=4, num_heads=4, num_kv_heads=2,
                            intermediate_size=2 * hidden, num_experts=4, experts_per_token=2)
     return build_tiny_model(tmp / arch, AdditionTask(2).corpus(), spec)
 

@@ -1,5 +1,5 @@
-"""Build a tiny Hugging Face model directory (Qwen2 architecture, random init) with a tokenizer trained
-locally on a text corpus. Used when no `model.path` is configured: tests and the quickstart need a model and
+"""Build a tiny Hugging Face model directory (one of the supported families, random init) with a tokenizer
+trained locally on a text corpus. Used when no `model.path` is configured: tests and the quickstart need a model and
 this machine reaches no model hub. The directory is a normal HF checkpoint, loaded by the same code as a
 real model."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EOS = "<|endoftext|>"
 # A minimal chat format for the tiny models, so that message prompts run through the real chat-template path;
@@ -19,6 +19,8 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }
                       "{% if m['role'] == 'assistant' %}" + EOS + "{% endif %}{{ '\\n' }}{% endfor %}"
                       "{% if add_generation_prompt %}assistant: {% endif %}")
 TINY_FORMAT_VERSION = 2  # part of the cache key: bump when the directory's contents change (2: chat template)
+TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral"]
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral")
 
 
 class TinyModelConfig(BaseModel):
@@ -27,10 +29,11 @@ class TinyModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    architecture: Literal["qwen2", "mixtral"] = Field("qwen2", description="`qwen2` (dense) or `mixtral` "
-                                                      "(mixture of experts).")
-    num_experts: int = Field(4, gt=0, description="Experts per MoE layer (mixtral only).")
-    experts_per_token: int = Field(2, gt=0, description="Experts each token is routed to (mixtral only).")
+    family: TinyFamily = Field("qwen2", description="Architecture family: `qwen2`, `qwen3` (q/k RMSNorm), `llama3` "
+                               "(Llama 3.x with llama3 rope scaling), or mixture of experts: `qwen3_moe`, `mixtral`, "
+                               "`deepseek_v3` (multi-latent attention, shared experts, group-limited sigmoid routing).")
+    num_experts: int = Field(4, gt=0, description="Routed experts per MoE layer (MoE families only).")
+    experts_per_token: int = Field(2, gt=0, description="Experts each token is routed to (MoE families only).")
     hidden_size: int = Field(64, gt=0, description="Model width. vLLM's CPU attention needs hidden_size / "
                              "num_heads to be 32, 64, 80, ...")
     num_layers: int = Field(2, gt=0, description="Transformer layers.")
@@ -45,6 +48,14 @@ class TinyModelConfig(BaseModel):
     init_std: float = Field(0.02, gt=0, description="Standard deviation of the random initial weights.")
     vocab_multiple: int = Field(64, gt=0, description="The vocabulary is padded to a multiple of this, so that "
                                 "any tensor-parallel degree dividing it divides the vocabulary.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_key(cls, data):
+        # `architecture` was this field's name before the families beyond qwen2/mixtral (run dirs still hold it)
+        if isinstance(data, dict) and "architecture" in data and "family" not in data:
+            data = {("family" if k == "architecture" else k): v for k, v in data.items()}
+        return data
 
 
 def train_tokenizer(corpus: str, out_dir: Path, vocab_size: int = 256):
@@ -73,7 +84,7 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = T
     """Create (or reuse, when the same spec, corpus and seed were built before) a tiny HF model directory
     whose weights are drawn with `seed`."""
     import torch
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
     key = hashlib.sha256(json.dumps([spec.model_dump(), corpus, seed, TINY_FORMAT_VERSION]).encode()).hexdigest()[:16]
@@ -104,17 +115,68 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = T
         pad_token_id=tok.eos_token_id,
         torch_dtype="float32",
     )
-    if spec.architecture == "qwen2":
-        config = Qwen2Config(**common)
-    elif spec.architecture == "mixtral":
-        config = MixtralConfig(**common, num_local_experts=spec.num_experts,
-                               num_experts_per_tok=spec.experts_per_token, router_aux_loss_coef=0.0)
-    else:
-        raise ValueError(f"unknown tiny architecture {spec.architecture!r} (qwen2 or mixtral)")
+    config = _hf_config(spec, common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
+    if spec.family == "llama3":
+        _as_released_llama3(tmp / "config.json")
     (tmp / ".tide-tiny").write_text(key)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+def _hf_config(spec: TinyModelConfig, common: dict):
+    """The transformers config of `spec.family` with the shared sizes in `common`."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+
+    moe = dict(num_experts_per_tok=spec.experts_per_token)
+    if spec.family == "qwen2":
+        return Qwen2Config(**common)
+    if spec.family == "qwen3":
+        return Qwen3Config(**common)
+    if spec.family == "llama3":
+        # Llama 3.2's rope scaling, with the original context shrunk so that it acts within a tiny model's
+        # positions (at 8192 it would only touch frequencies no short sequence resolves)
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=64)
+        return LlamaConfig(**{**common, "rope_theta": None}, rope_parameters=rope)
+    if spec.family == "mixtral":
+        return MixtralConfig(**common, **moe, num_local_experts=spec.num_experts, router_aux_loss_coef=0.0)
+    if spec.family == "qwen3_moe":
+        return Qwen3MoeConfig(**common, **moe, num_experts=spec.num_experts, moe_intermediate_size=spec.intermediate_size,
+                              norm_topk_prob=True, router_aux_loss_coef=0.0)
+    if spec.family == "deepseek_v3":
+        return _deepseek_v3_config(spec, common)
+    raise ValueError(f"unknown tiny family {spec.family!r}")
+
+
+def _deepseek_v3_config(spec: TinyModelConfig, common: dict):
+    """DeepSeek-V3 in miniature: multi-latent attention, a dense first layer, shared + routed experts with
+    group-limited sigmoid routing (noaux_tc: the e_score_correction_bias picks the experts), routed weights scaled
+    by routed_scaling_factor, interleaved rope. The latent sizes are DeepSeek-V3's own (kv_lora_rank 512 +
+    qk_rope_head_dim 64): vLLM's CPU MLA decode kernel is only built for a 576-wide latent cache. No
+    multi-token-prediction layer."""
+    from transformers import DeepseekV3Config
+
+    head = spec.hidden_size // spec.num_heads
+    kw = {k: v for k, v in common.items() if k not in ("head_dim", "num_key_value_heads")}
+    return DeepseekV3Config(**kw, num_key_value_heads=spec.num_heads, q_lora_rank=spec.hidden_size // 2,
+                            kv_lora_rank=512, qk_nope_head_dim=head, qk_rope_head_dim=64, v_head_dim=head,
+                            n_routed_experts=spec.num_experts, n_shared_experts=1,
+                            num_experts_per_tok=spec.experts_per_token, moe_intermediate_size=spec.intermediate_size,
+                            n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                            norm_topk_prob=True, rope_interleave=True, topk_method="noaux_tc", scoring_func="sigmoid",
+                            num_nextn_predict_layers=0)
+
+
+def _as_released_llama3(config_json: Path) -> None:
+    """Write the rope settings as Meta's Llama 3.x config.json files hold them (`rope_theta` and `rope_scaling`
+    with `rope_type: llama3`), not as transformers 5 saves them (`rope_parameters`): the path a user's
+    downloaded model takes."""
+    config = json.loads(config_json.read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope
+    config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -6,17 +6,31 @@ from typing import Any
 
 from . import dense, mixtral
 from .common import AttentionShape, ConversionError, HFTensor, RankLayout, fuse_qkv, split_qkv, tp_slice
+from .support import UnsupportedModelError
 
-_FAMILIES = {"qwen2": dense, "llama": dense, "mistral": dense, "mixtral": mixtral}
+# model_type -> the module converting it; each has check_supported, megatron_transformer_kwargs,
+# hf_to_megatron and megatron_to_hf, and may have transformer_config_class and layer_spec (trainer/megatron/model.py)
+_FAMILIES = {"qwen2": dense, "qwen3": dense, "llama": dense, "mistral": dense, "mixtral": mixtral,
+             "qwen3_moe": mixtral}
 
 
 def family(hf_config: Any) -> ModuleType:
     try:
         return _FAMILIES[hf_config.model_type]
     except KeyError:
-        raise ConversionError(
-            f"model_type {hf_config.model_type!r} has no converter (supported: {', '.join(sorted(_FAMILIES))})"
-        ) from None
+        raise UnsupportedModelError(
+            f"config.json field model_type = {hf_config.model_type!r}: no converter for this architecture "
+            f"(supported: {', '.join(sorted(_FAMILIES))})") from None
 
 
-__all__ = ["family", "AttentionShape", "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]
+def is_moe(hf_config: Any) -> bool:
+    return any(getattr(hf_config, f, None) for f in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
+def check_supported(hf_config: Any) -> None:
+    """Raise UnsupportedModelError naming the first config.json field whose computation the trainer would not
+    reproduce."""
+    family(hf_config).check_supported(hf_config)
+
+
+__all__ = ["family", "check_supported", "is_moe", "UnsupportedModelError", "AttentionShape", "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]

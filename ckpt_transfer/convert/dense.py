@@ -1,13 +1,14 @@
-"""Dense decoder family (Qwen2, Llama, Mistral): Megatron-core GPTModel (local spec) <-> Hugging Face.
+"""Dense decoder family (Qwen2, Qwen3, Llama 2/3.x, Mistral): Megatron-core GPTModel (local spec) <-> Hugging Face.
 
 Megatron names are those of `GPTModel` built with the local layer spec; HF names are those of
-`Qwen2ForCausalLM` / `LlamaForCausalLM`. Layout rules:
+`Qwen2ForCausalLM` / `Qwen3ForCausalLM` / `LlamaForCausalLM`. Layout rules:
 - QKV: Megatron fuses q, k, v per query group; each TP rank holds whole groups, so a rank's q/k/v rows are a
   contiguous TP shard (dim 0) of HF's q_proj/k_proj/v_proj.
 - gated MLP: Megatron's linear_fc1 holds [gate; up] of its own TP shard, so it splits into HF gate_proj and
   up_proj shards on dim 0.
 - row-parallel o_proj/down_proj are TP shards on dim 1; vocabulary-parallel embedding and lm_head on dim 0.
-- norms are replicated: written by TP rank 0 only.
+- norms are replicated: written by TP rank 0 only. Qwen3's q_norm/k_norm (RMSNorm over each head's
+  channels, before rope) are Megatron's q_layernorm/k_layernorm (`qk_layernorm`), also per head.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from .common import (AttentionShape, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, fuse_qkv,
                      split_qkv_views, tp_slice)
+from .support import UnsupportedModelError, check_common
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -27,7 +29,17 @@ _SIMPLE_LAYER = {
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight", None),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight", 1),
     "mlp.linear_fc2.weight": ("mlp.down_proj.weight", 1),
+    "self_attention.q_layernorm.weight": ("self_attn.q_norm.weight", None),
+    "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight", None),
 }
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+
+
+def check_supported(hf_config: Any) -> None:
+    check_common(hf_config)
+    if hf_config.model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
+        raise UnsupportedModelError("config.json field attention_bias = True: attention biases are implemented for "
+                                    "qwen2's q/k/v projections only")
 
 
 def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout) -> HFStream:
@@ -115,10 +127,8 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
 
 def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
     """TransformerConfig fields that describe this HF architecture."""
+    check_supported(hf_config)
     att = AttentionShape.from_hf(hf_config)
-    act = getattr(hf_config, "hidden_act", "silu")
-    if act != "silu":
-        raise ConversionError(f"hidden_act {act!r} is not supported (dense family expects silu)")
     return dict(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -130,5 +140,6 @@ def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
         layernorm_epsilon=hf_config.rms_norm_eps,
         gated_linear_unit=True,
         add_bias_linear=False,
-        add_qkv_bias=bool(getattr(hf_config, "attention_bias", hf_config.model_type == "qwen2")),
+        add_qkv_bias=hf_config.model_type == "qwen2",
+        qk_layernorm=hf_config.model_type in QK_NORM_FAMILIES,
     )

@@ -1,4 +1,6 @@
 """Layout rules of the dense Megatron <-> HF conversion, on random tensors (no Megatron process needed)."""
+import re
+
 import pytest
 import torch
 from types import SimpleNamespace
@@ -109,3 +111,137 @@ def test_unknown_parameter_is_named():
 def test_tp_slice_refuses_indivisible():
     with pytest.raises(ConversionError, match="not divisible"):
         tp_slice(torch.zeros(5, 2), 0, 0, 2)
+
+
+def _qwen3_moe_config(**kw):
+    return _hf_config(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **kw)
+
+
+def _qwen3_moe_state(cfg):
+    """Qwen3-MoE in HF's per-expert checkpoint layout: q/k norms, `mlp.gate` router, `mlp.experts.{e}.*`."""
+    sd = {k: v for k, v in _hf_state(cfg, bias=False).items() if ".mlp." not in k}
+    h, f, d = cfg.hidden_size, cfg.moe_intermediate_size, cfg.head_dim
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.q_norm.weight"] = torch.randn(d)
+        sd[p + "self_attn.k_norm.weight"] = torch.randn(d)
+        sd[p + "mlp.gate.weight"] = torch.randn(cfg.num_experts, h)
+        for e in range(cfg.num_experts):
+            sd[p + f"mlp.experts.{e}.gate_proj.weight"] = torch.randn(f, h)
+            sd[p + f"mlp.experts.{e}.up_proj.weight"] = torch.randn(f, h)
+            sd[p + f"mlp.experts.{e}.down_proj.weight"] = torch.randn(h, f)
+    return sd
+
+
+def _qwen3_moe_names(cfg, local_experts):
+    names = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p = f"decoder.layers.{i}."
+        names += [p + n for n in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
+                                  "self_attention.linear_proj.weight", "self_attention.q_layernorm.weight",
+                                  "self_attention.k_layernorm.weight", "pre_mlp_layernorm.weight",
+                                  "mlp.router.weight")]
+        names += [p + f"mlp.experts.local_experts.{j}.{fc}.weight" for j in range(local_experts)
+                  for fc in ("linear_fc1", "linear_fc2")]
+    return names
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_qwen3_moe_round_trip_in_every_layout(tp, ep):
+    """Qwen3-MoE: q/k norms, router and experts go HF -> Megatron -> HF exactly; under expert parallelism each rank
+    holds E/ep experts and publishes them under their global index."""
+    from ckpt_transfer.convert import family
+
+    cfg = _qwen3_moe_config()
+    hf = _qwen3_moe_state(cfg)
+    conv = family(cfg)
+    names = _qwen3_moe_names(cfg, cfg.num_experts // ep)
+    shards: dict[str, list] = {}
+    for e in range(ep):
+        for r in range(tp):
+            layout = RankLayout(tp_rank=r, tp_size=tp, ep_rank=e, ep_size=ep, dp_rank=e)  # dense written by ep rank 0
+            local = conv.hf_to_megatron(hf.__getitem__, names, cfg, layout)
+            if e == 1:  # expert-parallel rank 1 holds experts 2 and 3 as its local 0 and 1
+                want = hf["model.layers.0.mlp.experts.2.down_proj.weight"]
+                got = local["decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"]
+                assert torch.equal(got, tp_slice(want, 1, r, tp))
+            for t in conv.megatron_to_hf(local.items(), cfg, layout):
+                shards.setdefault(t.name, []).append(t)
+    assert set(shards) == set(hf)
+    for name, parts in shards.items():
+        parts = sorted(parts, key=lambda p: p.tp_rank)
+        merged = parts[0].value() if parts[0].tp_dim is None else torch.cat([p.value() for p in parts], parts[0].tp_dim)
+        assert len(parts) == (1 if parts[0].tp_dim is None else tp), name
+        assert torch.equal(merged, hf[name]), name
+
+
+def test_router_normalisation_follows_norm_topk_prob():
+    """Megatron's top-k-then-softmax equals softmax, top-k, renormalise (norm_topk_prob true, Mixtral); without
+    renormalisation the probabilities come from a softmax over all experts (pre_softmax)."""
+    from ckpt_transfer.convert import family
+
+    assert family(_qwen3_moe_config()).megatron_transformer_kwargs(_qwen3_moe_config())["moe_router_pre_softmax"] is False
+    plain = _qwen3_moe_config()
+    plain.norm_topk_prob = False
+    kw = family(plain).megatron_transformer_kwargs(plain)
+    assert kw["moe_router_pre_softmax"] is True and kw["qk_layernorm"] is True and kw["moe_ffn_hidden_size"] == 12
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}, "rope_parameters.rope_type = 'yarn'"),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "rope_scaling.rope_type = 'dynamic'"),
+    ("use_sliding_window", True, "sliding_window = 4096"),
+    ("final_logit_softcapping", 30.0, "final_logit_softcapping = 30.0"),
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping = 50.0"),
+    ("hidden_act", "gelu_pytorch_tanh", "hidden_act = 'gelu_pytorch_tanh'"),
+    ("attention_bias", True, "attention_bias = True"),
+    ("mlp_bias", True, "mlp_bias = True"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor = 0.5"),
+    ("layer_types", ["full_attention", "sliding_attention"], "layer_types"),
+    ("quantization_config", {"quant_method": "fp8"}, "quantization_config.quant_method = 'fp8'"),
+    ("model_type", "gemma3_text", "model_type = 'gemma3_text'"),
+])
+def test_unsupported_computation_is_refused_by_field(field, value, named):
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported
+
+    cfg = _hf_config(model_type="llama", sliding_window=4096, rope_parameters=None)
+    check_supported(cfg)  # the neutral config passes: a sliding window that is not used is no computation
+    if field == "rope_scaling":
+        cfg.rope_parameters = None
+    setattr(cfg, field, value)
+    with pytest.raises(UnsupportedModelError, match=f"config.json field {re.escape(named)}"):
+        check_supported(cfg)
+
+
+def test_moe_layout_refusals_name_the_field():
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported
+
+    for field, value in (("decoder_sparse_step", 2), ("mlp_only_layers", [0])):
+        cfg = _qwen3_moe_config()
+        setattr(cfg, field, value)
+        with pytest.raises(UnsupportedModelError, match=f"config.json field {field} = "):
+            check_supported(cfg)
+    cfg = _hf_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.1)
+    with pytest.raises(UnsupportedModelError, match="router_jitter_noise = 0.1"):
+        check_supported(cfg)
+
+
+def test_llama3_rope_frequencies_are_transformers_own():
+    """The trainer's rotary frequencies for a llama3-scaled rope are the ones transformers computes (and differ
+    from plain rope: a trainer ignoring rope_scaling would rotate by other angles)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from trainer.megatron.model import rope_inv_freq, rope_theta
+
+    rope = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=64)
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, rope_theta=500000.0, rope_scaling=rope)
+    got = rope_inv_freq(cfg)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    plain = 1.0 / 500000.0 ** (torch.arange(0, 32, 2).float() / 32)
+    assert rope_theta(cfg) == 500000.0
+    assert torch.equal(got, want.float())
+    assert not torch.allclose(got, plain) and torch.equal(got[:2], plain[:2])  # wavelengths under 64/4 untouched
+    assert rope_inv_freq(LlamaConfig(hidden_size=64, num_attention_heads=2)) is None

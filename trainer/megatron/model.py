@@ -7,10 +7,27 @@ import torch
 
 
 def rope_theta(hf_config: Any) -> float:
-    theta = getattr(hf_config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(hf_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    return float(theta)
+    from ckpt_transfer.convert.support import rope_parameters
+
+    return float(rope_parameters(hf_config).get("rope_theta") or 10000.0)
+
+
+def rope_inv_freq(hf_config: Any) -> torch.Tensor | None:
+    """The rotary inverse frequencies of a scaled rope (llama3, linear), computed by transformers' own init
+    function for the model, so the trainer rotates by exactly the angles transformers and vLLM use; None for
+    plain rope (Megatron's own, from rotary_base). Megatron's llama3 scaling hard-codes Llama 3.1's
+    low/high frequency factors and original context, so it is not used."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ckpt_transfer.convert.support import rope_parameters
+
+    kind = rope_parameters(hf_config)["rope_type"]
+    if kind == "default":
+        return None
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[kind](hf_config, "cpu")
+    if attention_factor != 1.0:
+        raise ValueError(f"rope type {kind!r} scales attention by {attention_factor}: not implemented")
+    return inv_freq.float()
 
 
 class LayoutError(ValueError):
@@ -39,9 +56,11 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
 
     from ckpt_transfer.convert import family
 
-    arch = dict(family(hf_config).megatron_transformer_kwargs(hf_config))
+    fam = family(hf_config)
+    arch = dict(fam.megatron_transformer_kwargs(hf_config))
     check_layout(arch, vocab_size=hf_config.vocab_size, tp=tp, pp=pp, ep=ep)
-    return TransformerConfig(
+    config_class = getattr(fam, "transformer_config_class", lambda: TransformerConfig)()
+    return config_class(
         **arch,
         activation_func=torch.nn.functional.silu,
         tensor_model_parallel_size=tp,
@@ -60,17 +79,75 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
         gradient_accumulation_fusion=False,
         use_cpu_initialization=True,
         deterministic_mode=deterministic,
+        # Megatron refuses MoE layers under tensor parallelism without it (the experts' token dispatch expects
+        # sequence-split activations)
+        sequence_parallel=tp > 1 and bool(arch.get("num_moe_experts")),
     )
+
+
+def layer_spec(hf_config: Any, config):
+    """The Megatron layer spec of the model: the family's own (heterogeneous layers, multi-latent attention), else
+    the local spec (no Transformer Engine) of a uniform decoder."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from ckpt_transfer.convert import family
+
+    own = getattr(family(hf_config), "layer_spec", None)
+    if own is not None:
+        spec = own(hf_config, config)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    return _with_sequence_parallel_norms(spec, config) if config.sequence_parallel else spec
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm for sequence-parallel models. Megatron's torch-norm wrapper refuses sequence parallelism
+    (its fused norms come from Transformer Engine or apex, neither available here): each tensor-parallel rank
+    then normalises a different slice of the positions, so the weight's gradient is a partial sum. Marked
+    `sequence_parallel`, Megatron's finalize_model_grads sums it over the tensor-parallel ranks, as it does for
+    Transformer Engine's norms."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_ignored):
+        super().__init__(normalized_shape=hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def _with_sequence_parallel_norms(spec, config):
+    """The spec as a block spec (the final norm included) with every torch norm a SequenceParallelRMSNorm."""
+    import copy
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    def swap(node):
+        if node is WrappedTorchNorm:
+            return SequenceParallelRMSNorm
+        if isinstance(node, ModuleSpec):
+            node.module, node.submodules = swap(node.module), swap(node.submodules)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            for f in dataclasses.fields(node):
+                setattr(node, f.name, swap(getattr(node, f.name)))
+        elif isinstance(node, list):
+            return [swap(x) for x in node]
+        return node
+
+    if config.normalization != "RMSNorm":
+        raise ValueError("sequence parallelism is implemented for RMSNorm models only")
+    spec = copy.deepcopy(spec)
+    if isinstance(spec, ModuleSpec) and not isinstance(spec.submodules, TransformerBlockSubmodules):
+        spec = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=WrappedTorchNorm)
+    return swap(spec)
 
 
 def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool):
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return GPTModel(
+    model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            num_experts=config.num_moe_experts, moe_grouped_gemm=False, normalization="RMSNorm"),
+        transformer_layer_spec=layer_spec(hf_config, config),
         vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
@@ -79,3 +156,12 @@ def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool):
         position_embedding_type="rope",
         rotary_base=rope_theta(hf_config),
     )
+    inv_freq = rope_inv_freq(hf_config)
+    if inv_freq is not None:
+        rotary = model.rotary_pos_emb
+        if rotary.inv_freq.shape != inv_freq.shape:
+            raise ValueError(f"rope frequencies {tuple(inv_freq.shape)} do not fit Megatron's "
+                             f"{tuple(rotary.inv_freq.shape)}")
+        rotary.inv_freq = inv_freq.to(rotary.inv_freq.device)
+        rotary.forward.cache_clear()  # the embedding is cached per sequence length; none was computed yet
+    return model

@@ -188,9 +188,11 @@ class MegatronWorker:
                             adv=None if adv is None else adv[chosen]))
         return mbs
 
-    @staticmethod
-    def _seq_len(seqs: list[TrainSequence]) -> int:
-        return max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
+    def _seq_len(self, seqs: list[TrainSequence]) -> int:
+        longest = max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
+        # sequence parallelism splits the positions over the tensor-parallel ranks
+        parts = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+        return -(-longest // parts) * parts
 
     def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution,
                         with_entropy: EntropyMode = "no") -> tuple[torch.Tensor, torch.Tensor | None]:
