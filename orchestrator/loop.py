@@ -18,9 +18,16 @@ from trainer.lr_schedule import lr_at
 
 
 # What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref with trainer.kl only,
-# the clip fractions with loss grpo only
+# the clip fractions with loss grpo only, the routing figures for mixture-of-experts models whose samples carry
+# the rollout's routing (logprob_gap_unreplayed with trainer.moe.routing_replay only)
 TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "logp_mean", "entropy", "clip_fraction_low",
-                 "clip_fraction_high", "tokens", "optimizer_steps")
+                 "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch", "routing_mismatch_trained",
+                 "routed_tokens")
+
+
+def unreplayed_gap(train: dict) -> dict[str, float]:
+    """With routing replay, the log-prob gap of the same first mini-batch routed by the trainer's own routers."""
+    return {"logprob_gap_unreplayed": train["behaviour_gap_unreplayed"]} if "behaviour_gap_unreplayed" in train else {}
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
@@ -85,7 +92,7 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": lr,
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
-                             "logprob_gap": train["behaviour_gap"], **probe, "samples": len(samples),
+                             "logprob_gap": train["behaviour_gap"], **unreplayed_gap(train), **probe, "samples": len(samples),
                              **rendering.metrics(), **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "

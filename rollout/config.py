@@ -55,6 +55,11 @@ class EngineConfig(_Strict):
                                           "<tide checkout>/.cache/vllm.")
     extra_env: dict[str, str] = Field({}, description="Environment variables of the engines' processes, e.g. "
                                       "{VLLM_CPU_OMP_THREADS_BIND: \"0-1\"}.")
+    record_routing: bool = Field(
+        True, description="Mixture-of-experts models: record the experts each token was routed to while "
+        "generating (2 x layers x top_k bytes per token), for the trainer's routing_mismatch metric and "
+        "trainer.moe.routing_replay. Needs engine_process inline, tp 1 and an eager engine (enforce_eager true, or "
+        "auto resolving to eager); ignored for dense models.")
 
     @model_validator(mode="after")
     def _device_fields(self) -> "EngineConfig":

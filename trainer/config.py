@@ -43,6 +43,16 @@ class KLConfig(_Strict):
         "k2 = r^2 / 2, k3 = exp(r) - 1 - r (unbiased and never negative).")
 
 
+class MoEConfig(_Strict):
+    """The YAML `trainer.moe:` section (mixture-of-experts models)."""
+
+    routing_replay: Literal["none", "rollout"] = Field(
+        "none", description="`rollout`: the trainer's forward passes (loss, old-policy and reference log-probs) "
+        "route every token to the experts the rollout engine routed it to (R3, Ma et al. 2025), so that the "
+        "trainer's log-probs are those of the policy that sampled; `none`: the trainer's router decides. Needs a "
+        "mixture-of-experts model and rollout.record_routing.")
+
+
 class TrainerConfig(_Strict):
     """The YAML `trainer:` section."""
 
@@ -69,6 +79,7 @@ class TrainerConfig(_Strict):
     lr_schedule: LRSchedule = Field(LRSchedule(), description="Per-iteration learning-rate warm-up and decay.")
     kl: KLConfig = Field(KLConfig(), description="KL penalty against the frozen policy RL starts from (off by "
                          "default).")
+    moe: MoEConfig = Field(MoEConfig(), description="Mixture-of-experts settings: routing replay.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the optimizer; 0: none.")
     grad_clip: float = Field(1.0, gt=0, description="Gradients are clipped to this global L2 norm before each "
                              "optimizer step.")

