@@ -1,0 +1,522 @@
+"""GPU check: the Megatron trainer, its Megatron -> Hugging Face conversion and the JAX engine, on one device.
+
+    python scripts/gpu_check.py [--device cuda|cpu] [--out DIR] [--quick] [--families a,b] [--no-jax]
+
+What runs, in this process, with this repository's own packages (no Ray, no vLLM, nothing installed):
+
+1. Per tiny-model family (every value of `trainer.tiny_model.TinyModelConfig.family`, read at run time), one
+   Megatron-core rank (`trainer.megatron.worker.MegatronWorker`, world size 1, TP1; backend nccl on cuda, gloo
+   on cpu) in bfloat16:
+   - `train_step(mode="sft")` steps on the same batch: the loss must decrease (`loss_decreases`), and every
+     published weight must lie within what Adam can move it in that many steps (`update_size`: a trainer that
+     lost the loaded weights, e.g. an optimizer writing back main copies taken before loading, fails it);
+   - `logits` against transformers loading the bf16 checkpoint that `publish` wrote (through `Manifest` and
+     `materialize_whole`), on the same device in bf16 (`logits_bf16`: a bf16 bound, per position);
+   - a second rank in float32 loads that published checkpoint (HF -> Megatron) and publishes it again
+     (Megatron -> HF): the tensors must come back bit for bit (`roundtrip`), and its logits must match
+     transformers' in float32 (`logits_fp32`: the exact check of the conversion; TF32 off).
+   A family that fails to build, train or convert is a failed check; the other families still run.
+2. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
+   (SAC): compile time, then env steps per second over the timed chunks (after one untimed chunk), and finite
+   metrics.
+
+Writes DIR/gpu_check.json (default DIR: bench_results/) with every figure and check, prints a line per step,
+and exits 1 when any check fails (the failed checks are named on the last line), 0 otherwise. `--quick` uses
+the smallest sizes (the CPU test); `--fault swap-rows` swaps two rows of one converted tensor in the
+transformers model (a deliberate conversion error: the logits checks must fail).
+
+On the GPU machine (torch, transformers, jax there; megatron-core and a few pure-Python packages travel as
+wheels): `bash scripts/gpu_check.sh` (see that file).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Bounds (max |difference| over every position and vocabulary entry of the compared sequences).
+# float32: `tide export --verify` and tests/integration/test_publish_layouts.py hold the conversion to 1e-4 on
+# logits; both sides compute in float32 (TF32 off), so only summation order differs.
+FP32_LOGITS_BOUND = 1e-4
+# bfloat16: both sides round activations to bf16 (8 significant bits) at different places (Megatron's norms and
+# fused QKV, transformers' fp32 RMSNorm), so logits differ by a few bf16 ulps of the logits' scale: the bound is
+# relative to max |logit| (at least 1). Measured on CPU after the bf16 steps: --quick (logits up to ~5) the dense
+# families' positions differ by at most 1.0-1.3% of it; full size (qwen2, mixtral, qwen3_moe, deepseek_v3; logits
+# up to ~9-11) by 0.6-0.7%, no position past the bound, and float32 by 3-5e-6. A mixture of experts also flips
+# a top-k routing decision that bf16 rounding puts on a near-tie, on either side (--quick on CPU: mixtral's
+# transformers-bf16 and qwen3_moe's Megatron-bf16 each differ from transformers-fp32 by 0.7-1.6 at one position
+# of 96, and by < 0.06 everywhere else); for those families BF16_MOE_FLIP_SHARE of the positions may exceed it.
+# The exact check of the conversion is the float32 one.
+BF16_LOGITS_REL_BOUND = 5e-2
+BF16_MOE_FLIP_SHARE = 0.05
+# bfloat16 has 8 significant bits: rounding moves a weight by at most 2^-8 of its magnitude
+BF16_UNIT_ROUNDOFF = 2.0 ** -8
+
+SIZES = {  # TinyModelConfig fields per mode
+    "quick": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, num_experts=4,
+                  experts_per_token=2),
+    "full": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1024, num_experts=8,
+                 experts_per_token=2),
+}
+JAX_CONFIGS = {"ppo": "configs/cartpole.yaml", "sac": "configs/pendulum_sac.yaml"}
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_check {time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+class Checks:
+    """Named pass/fail checks with their measured value and bound."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+
+    def add(self, name: str, ok: bool, value=None, bound=None, detail: str = "") -> bool:
+        ok = bool(ok)
+        self.items.append({"name": name, "ok": ok, "value": value, "bound": bound, "detail": detail})
+        log(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if value is None else f" = {_fmt(value)}")
+            + ("" if bound is None else f" (bound {_fmt(bound)})") + (f": {detail}" if detail else ""))
+        return ok
+
+    @property
+    def failed(self) -> list[str]:
+        return [c["name"] for c in self.items if not c["ok"]]
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def families() -> list[str]:
+    """Every value of TinyModelConfig's `family` Literal (new families are picked up without editing here)."""
+    from trainer.tiny_model import TinyModelConfig
+
+    annotation = TinyModelConfig.model_fields["family"].annotation
+    return list(typing.get_args(annotation))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- Megatron ------------------------------------------------------------------------------------------
+def _sft_batch(model_dir: Path, n: int, digits: int):
+    from transformers import AutoTokenizer
+
+    from rollout.tasks import AdditionTask
+    from trainer.batch import TrainBatch, TrainSequence
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = AdditionTask(digits).sft_examples(0, n)
+    return TrainBatch([TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples])
+
+
+def _worker(model_dir: Path, device: str, backend: str, dtype: str, micro_batch: int):
+    from trainer.config import TrainerConfig, TrainerSpec
+    from trainer.megatron.worker import MegatronWorker
+
+    trainer = TrainerConfig(device=device, backend=backend, micro_batch_size=micro_batch, lr=1e-3)
+    spec = TrainerSpec(hf_dir=str(model_dir), trainer=trainer, dtype=dtype, seed=0)
+    return MegatronWorker(spec, 0, 1, "127.0.0.1", _free_port())
+
+
+def _close(worker) -> None:
+    """World size 1 in this process: the next rank initialises torch.distributed and Megatron's groups anew
+    (also after a constructor that failed half-way, when there is no worker to shut down)."""
+    import torch
+
+    try:
+        if worker is not None:
+            worker.shutdown()
+    finally:
+        try:
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+        finally:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def _publish(worker, out_dir: Path, iteration: int) -> Path:
+    """The worker's weights as an HF directory: publish, the manifest, materialize_whole (what `tide export`
+    and the rollout's weight sync read)."""
+    from ckpt_transfer.manifest import Manifest
+    from ckpt_transfer.reslice import materialize_whole
+    from ckpt_transfer.writer import finalize_manifest
+
+    staging = out_dir / f"publish-{iteration}"
+    written = worker.publish(str(staging), node="gpu-check", shard_bytes=64 << 20)
+    manifest = Manifest(run="gpu_check", iteration=iteration, directory=str(staging), shards=written["shards"],
+                        aux_files=written["aux_files"], tp_size=1)
+    finalize_manifest(manifest)
+    return materialize_whole(Manifest.load(staging), out_dir / f"whole-{iteration}")
+
+
+def _hf_logits(hf_dir: Path, dtype, device: str, tokens, fault: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device).eval()
+    if fault == "swap-rows":  # a deliberate conversion error: two rows of layer 0's first matrix swapped
+        name, p = next((n, p) for n, p in model.named_parameters() if ".layers.0." in n and p.ndim == 2)
+        with torch.no_grad():
+            p[[0, 1]] = p[[1, 0]]
+        log(f"fault: swapped rows 0 and 1 of {name} in the transformers model")
+    with torch.no_grad():
+        out = model(torch.tensor(tokens, device=device)).logits.float().cpu()
+    del model
+    return out
+
+
+def _compare(ours: list, theirs) -> dict:
+    """Max |logits diff| and |log-prob diff| over every sequence, position and vocabulary entry, the per-position
+    max |logits diff| (flattened over sequences) and max |logit|."""
+    import torch
+
+    mine = torch.stack([o.float() for o in ours])
+    per_position = (mine - theirs).abs().amax(-1).flatten()
+    return {"max_abs_diff": per_position.max().item(),
+            "logprob_max_abs_diff": (mine.log_softmax(-1) - theirs.log_softmax(-1)).abs().max().item(),
+            "logit_scale": max(mine.abs().max().item(), theirs.abs().max().item()),
+            "per_position": per_position}
+
+
+def adam_reach(lr: float, steps: int) -> float:
+    """How far `steps` Adam steps at `lr` (no weight decay) can move one weight: with bias correction, step t's
+    |m_hat| / sqrt(v_hat) is at most sqrt(t) (Cauchy-Schwarz over the t gradients), so at most lr * sum sqrt(t)."""
+    return lr * sum(math.sqrt(t) for t in range(1, steps + 1))
+
+
+def _tensors(hf_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def check_family(fam: str, args, work: Path, checks: Checks) -> dict:
+    import torch
+
+    from rollout.tasks import AdditionTask
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
+
+    quick = args.quick
+    rec: dict = {"family": fam}
+    t_family = time.perf_counter()
+    sizes = SIZES["quick" if quick else "full"]
+    digits = 1 if quick else 3
+    # init std 0.8 / sqrt(width) (0.1 at 64): logits and routing far from uniform, so a misplaced tensor shows in
+    # the logits, and the same conditioning at every width (a fixed std grows activations with the width)
+    spec = TinyModelConfig(family=fam, init_std=0.8 / math.sqrt(sizes["hidden_size"]), **sizes)
+    model_dir = build_tiny_model(work / fam / "model", AdditionTask(digits).corpus(), spec, seed=0)
+    rec["model"] = {k: v for k, v in spec.model_dump().items() if k in sizes or k in ("family", "init_std")}
+    n_seqs = 16 if quick else 64
+    batch = _sft_batch(model_dir, n_seqs, digits)
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    vocab = hf_config["vocab_size"]
+    moe = any(hf_config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    g = torch.Generator().manual_seed(0)
+    n_cmp, cmp_len = (4, 24) if quick else (8, 64)
+    tokens = torch.randint(0, vocab, (n_cmp, cmp_len), generator=g).tolist()
+    rec["compare_tokens"] = [n_cmp, cmp_len]
+    log(f"{fam}: model built ({sum(1 for _ in model_dir.glob('*.safetensors'))} shard(s), vocab {vocab}); "
+        f"bf16 Megatron rank on {args.device}")
+
+    worker = None
+    try:
+        # -- bf16: train steps, logits, publish -------------------------------------------------------
+        t = time.perf_counter()
+        worker = _worker(model_dir, args.device, args.backend, "bfloat16", micro_batch=n_seqs)
+        rec["build_s"] = time.perf_counter() - t
+        losses, times = [], []
+        for _ in range(args.steps):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = worker.train_step(batch, mode="sft", lr=args.lr)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            losses.append(out["loss"])
+        tokens_per_step = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.sequences)
+        steady = times[1:] or times
+        rec["train"] = {"dtype": "bfloat16", "lr": args.lr, "sequences": n_seqs, "tokens_per_step": tokens_per_step,
+                        "losses": losses, "loss_before": losses[0], "loss_after": losses[-1],
+                        "first_step_s": times[0], "step_time_s": statistics.median(steady),
+                        "tokens_per_s": tokens_per_step / statistics.median(steady)}
+        log(f"{fam}: bf16 train steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}, step "
+            f"{1e3 * rec['train']['step_time_s']:.1f} ms (first {1e3 * times[0]:.0f} ms)")
+        checks.add(f"{fam}/loss_decreases", all(math.isfinite(x) for x in losses) and losses[-1] < losses[0],
+                   losses[-1], losses[0], "last step's loss below the first's")
+        bf16_logits = worker.logits(tokens)
+        bf16_dir = _publish(worker, work / fam, 1)
+        _close(worker)
+        worker = None
+
+        # every published weight within Adam's reach of the model the rank loaded (plus bf16 rounding twice)
+        before, after = _tensors(model_dir), _tensors(bf16_dir)
+        common = sorted(set(before) & set(after))
+        moved = max((after[k].float() - before[k].float()).abs().max().item() for k in common)
+        magnitude = max(max(before[k].abs().max().item(), after[k].float().abs().max().item()) for k in common)
+        reach = adam_reach(args.lr, args.steps) + 2 * BF16_UNIT_ROUNDOFF * magnitude
+        rec["update"] = {"max_abs_change": moved, "bound": reach, "tensors": len(common),
+                         "names_equal": sorted(before) == sorted(after)}
+        checks.add(f"{fam}/update_size", rec["update"]["names_equal"] and 0 < moved <= reach, moved, reach,
+                   f"max |published - loaded| after {args.steps} Adam steps at lr {args.lr:g} (> 0, within reach)")
+
+        theirs = _hf_logits(bf16_dir, torch.bfloat16, args.device, tokens, args.fault)
+        cmp = _compare(bf16_logits, theirs)
+        bound = BF16_LOGITS_REL_BOUND * max(1.0, cmp["logit_scale"])
+        over = int((cmp["per_position"] > bound).sum())
+        positions = cmp["per_position"].numel()
+        allowed = int(BF16_MOE_FLIP_SHARE * positions) if moe else 0
+        rec["logits"] = {"bf16_max_abs_diff": cmp["max_abs_diff"],
+                         "bf16_logprob_max_abs_diff": cmp["logprob_max_abs_diff"],
+                         "bf16_logit_scale": cmp["logit_scale"], "bf16_bound": bound,
+                         "bf16_positions": positions, "bf16_positions_over_bound": over,
+                         "bf16_positions_over_bound_allowed": allowed,
+                         "bf16_p90_abs_diff": cmp["per_position"].quantile(0.9).item()}
+        checks.add(f"{fam}/logits_bf16", over <= allowed, cmp["max_abs_diff"], bound,
+                   f"Megatron bf16 vs transformers bf16: {over} of {positions} positions over the bound "
+                   f"({allowed} allowed{': routing flips' if allowed else ''})")
+
+        # -- fp32: HF -> Megatron -> HF round trip, and the exact logits check ---------------------------
+        log(f"{fam}: float32 Megatron rank from the published bf16 checkpoint")
+        worker = _worker(bf16_dir, args.device, args.backend, "float32", micro_batch=n_seqs)
+        fp32_logits = worker.logits(tokens)
+        fp32_dir = _publish(worker, work / fam, 2)
+        _close(worker)
+        worker = None
+        a, b = _tensors(bf16_dir), _tensors(fp32_dir)
+        names_equal = sorted(a) == sorted(b)
+        worst = max(((a[k].float() - b[k].float()).abs().max().item() for k in a if k in b), default=math.inf)
+        rec["roundtrip"] = {"tensors": len(a), "names_equal": names_equal, "max_abs_diff": worst}
+        checks.add(f"{fam}/roundtrip", names_equal and worst == 0.0, worst, 0.0,
+                   "HF bf16 -> Megatron fp32 -> HF: the same tensor names and values"
+                   + ("" if names_equal else f" (names differ: {sorted(set(a) ^ set(b))[:4]})"))
+        theirs = _hf_logits(fp32_dir, torch.float32, args.device, tokens, args.fault)
+        cmp = _compare(fp32_logits, theirs)
+        rec["logits"] |= {"fp32_max_abs_diff": cmp["max_abs_diff"],
+                          "fp32_logprob_max_abs_diff": cmp["logprob_max_abs_diff"],
+                          "fp32_logit_scale": cmp["logit_scale"]}
+        checks.add(f"{fam}/logits_fp32", cmp["max_abs_diff"] <= FP32_LOGITS_BOUND, cmp["max_abs_diff"],
+                   FP32_LOGITS_BOUND, "Megatron fp32 vs transformers fp32, every position")
+        rec["ran"] = True
+    except Exception as exc:  # a family that cannot build/train/convert is a failed check, not the script's end
+        rec["ran"] = False
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+        rec["traceback"] = traceback.format_exc(limit=8)
+        checks.add(f"{fam}/runs", False, detail=rec["error"].splitlines()[0][:300])
+    finally:
+        try:
+            _close(worker)  # also when the constructor failed after init_process_group
+        except Exception as exc:  # noqa: BLE001
+            log(f"{fam}: cleanup failed: {exc}")
+    rec["seconds"] = time.perf_counter() - t_family
+    rec["ok"] = rec["ran"] and not any(c["name"].startswith(f"{fam}/") and not c["ok"] for c in checks.items)
+    return rec
+
+
+def run_megatron(args, work: Path, checks: Checks) -> dict:
+    import torch
+
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check compares true fp32 arithmetic
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    out = {}
+    for fam in args.families:
+        log(f"== Megatron family {fam}")
+        out[fam] = check_family(fam, args, work, checks)
+    return out
+
+
+# ---- JAX -----------------------------------------------------------------------------------------------
+def run_jax(args, checks: Checks) -> dict:
+    import yaml
+
+    t = time.perf_counter()
+    import jax
+
+    from trainer.jax.config import JaxConfig
+    from trainer.jax.engine import Engine, summarize
+
+    out: dict = {"import_s": time.perf_counter() - t, "backend": jax.default_backend(),
+                 "devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
+    log(f"== JAX {jax.__version__} on {out['backend']} ({out['devices'][0]})")
+    want = "gpu" if args.device == "cuda" else "cpu"
+    checks.add("jax/backend", out["backend"] == want, out["backend"], want)
+    for algo, path in JAX_CONFIGS.items():
+        rec: dict = {"config": path}
+        try:
+            raw = yaml.safe_load((ROOT / path).read_text())["jax"]
+            if args.jax_num_envs:
+                raw["num_envs"] = args.jax_num_envs
+            if args.quick:
+                raw["updates_per_iteration"] = 10
+                if "sac" in raw:  # gradient steps from the first update on, so the timed chunks include them
+                    raw["sac"]["learning_starts"] = raw["num_envs"] * raw["num_steps"]
+            cfg = JaxConfig(**raw)
+            chunks = 2 if args.quick else 5
+            t = time.perf_counter()
+            engine = Engine(cfg, total_updates=(chunks + 1) * cfg.updates_per_iteration, seed=0, devices=1)
+            state = engine.init_state()
+            jax.block_until_ready(state)
+            rec |= {"env": cfg.env, "num_envs": cfg.num_envs, "num_steps": cfg.num_steps,
+                    "updates_per_chunk": cfg.updates_per_iteration, "env_steps_per_chunk": engine.steps_per_chunk,
+                    "timed_chunks": chunks, "init_s": time.perf_counter() - t}
+            if cfg.sac is not None:
+                rec["sac"] = {"learning_starts": cfg.sac.learning_starts, "gradient_steps": cfg.sac.gradient_steps,
+                              "batch_size": cfg.sac.batch_size}
+            t = time.perf_counter()
+            engine.compile(state)
+            rec["compile_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            state, metrics = engine.run_chunk(state)  # first execution: not timed as throughput
+            jax.block_until_ready(state)
+            rec["first_chunk_s"] = time.perf_counter() - t
+            times = []
+            for _ in range(chunks):
+                t = time.perf_counter()
+                state, metrics = engine.run_chunk(state)
+                jax.block_until_ready(state)
+                times.append(time.perf_counter() - t)
+            summary = summarize(metrics)
+            rec["chunk_s"] = times
+            rec["env_steps_per_s"] = engine.steps_per_chunk / statistics.median(times)
+            rec["last_chunk"] = summary
+            log(f"{algo} {cfg.env}: compile {rec['compile_s']:.1f} s, {rec['env_steps_per_s']:.0f} env steps/s "
+                f"({engine.steps_per_chunk} steps per chunk, median of {chunks}), return "
+                f"{summary['episode_return_mean']}")
+            finite = all(math.isfinite(v) for v in summary.values() if isinstance(v, float))
+            checks.add(f"jax/{algo}/env_steps_per_s", rec["env_steps_per_s"] > 0, rec["env_steps_per_s"], 0.0)
+            checks.add(f"jax/{algo}/finite_metrics", finite, detail="every metric of the last chunk finite")
+            del state, metrics, engine
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            rec["traceback"] = traceback.format_exc(limit=8)
+            checks.add(f"jax/{algo}/runs", False, detail=rec["error"].splitlines()[0][:300])
+        out[algo] = rec
+    return out
+
+
+# ---- main ----------------------------------------------------------------------------------------------
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "megatron-core", "jax", "jaxlib", "flax", "optax", "gymnax", "flashbax"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--out", default=str(ROOT / "bench_results"), help="where gpu_check.json goes")
+    ap.add_argument("--quick", action="store_true", help="smallest models and JAX chunks (the CPU test)")
+    ap.add_argument("--families", default="all", help="comma-separated tiny-model families (default: all)")
+    ap.add_argument("--no-jax", action="store_true", help="skip the JAX engine")
+    ap.add_argument("--no-megatron", action="store_true", help="skip the Megatron families")
+    ap.add_argument("--jax-num-envs", type=int, default=None,
+                    help="parallel envs of both JAX runs (default: the configs' own, 4)")
+    ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
+    ap.add_argument("--lr", type=float, default=5e-3, help="learning rate of the train steps")
+    ap.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
+    ap.add_argument("--fault", choices=("swap-rows",), default=None,
+                    help="inject a conversion error into the transformers side (the logits checks must fail)")
+    args = ap.parse_args(argv)
+    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    args.steps = args.steps or (3 if args.quick else 6)
+    if args.steps < 2:
+        ap.error("--steps must be at least 2 (the loss check compares the first and last steps)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Before torch or jax start: JAX must not take 75% of the GPU that torch shares, and must stay on the CPU
+    # when the check is asked to.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if args.device == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (TrainerSpec.deterministic)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    checks = Checks()
+    result: dict = {"args": {k: v for k, v in vars(args).items()}, "versions": _versions(),
+                    "bounds": {"fp32_logits_abs": FP32_LOGITS_BOUND, "bf16_logits_rel_to_max_abs_logit":
+                               BF16_LOGITS_REL_BOUND, "bf16_moe_positions_over_bound_share": BF16_MOE_FLIP_SHARE,
+                               "roundtrip_abs": 0.0, "update": "lr * sum_t sqrt(t) + 2 * 2^-8 * max |weight|"}}
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        checks.add("cuda/available", False, detail="torch.cuda.is_available() is False")
+    else:
+        if args.device == "cuda":
+            result["gpu"] = torch.cuda.get_device_name(0)
+            log(f"device: {result['gpu']}, torch {torch.__version__}")
+        known = families()
+        args.families = known if args.families == "all" else args.families.split(",")
+        unknown = sorted(set(args.families) - set(known))
+        if unknown:
+            print(f"unknown families {unknown}; known: {known}", file=sys.stderr)
+            return 2
+        result["families_known"] = known
+        with tempfile.TemporaryDirectory(prefix="tide_gpu_check_") as work:
+            if not args.no_megatron:
+                result["families"] = run_megatron(args, Path(work), checks)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if not args.no_jax:
+            try:
+                result["jax"] = run_jax(args, checks)
+            except Exception as exc:  # noqa: BLE001  (jax itself failed to import or start)
+                result["jax"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
+                checks.add("jax/runs", False, detail=result["jax"]["error"].splitlines()[0][:300])
+    result["checks"] = checks.items
+    result["failed"] = checks.failed
+    result["ok"] = not checks.failed
+    result["seconds"] = time.perf_counter() - T0
+    path = out_dir / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    log(f"wrote {path}")
+    if checks.failed:
+        log(f"FAILED {len(checks.failed)} of {len(checks.items)} checks: {', '.join(checks.failed)}")
+        return 1
+    log(f"all {len(checks.items)} checks passed in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

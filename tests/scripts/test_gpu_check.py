@@ -1,0 +1,116 @@
+"""scripts/gpu_check.py on the CPU (--device cpu --quick): every tiny-model family trains in bf16 and converts to
+HF within the script's bounds, the JAX engine reports env steps/s, and a deliberate conversion error makes the
+script exit non-zero naming the failed check.
+
+The script runs in a subprocess where the packages the GPU machine does not have, and that do not travel with
+scripts/gpu_check.sh, cannot be imported (as if not installed): the check must not need them there."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+# Installed here, absent on the GPU machine and not among scripts/gpu_check.sh's wheels: Ray, vLLM and the rest of
+# the orchestrator's dependencies, and optional packages that libraries import when present (Megatron: wandb;
+# transformers: mistral_common; flax/chex: dm-tree).
+ABSENT_ON_GPU_MACHINE = ("ray", "vllm", "pydantic_settings", "wandb", "datasets", "math_verify", "reasoning_gym",
+                         "mooncake", "brax", "mujoco", "mujoco_mjx", "trl", "rejax", "dill", "tree", "mistral_common",
+                         "fastapi", "uvicorn", "sandbox_fusion", "tensorboardX", "latex2sympy2_extended")
+
+# Runs SCRIPT with every finder blind to the ABSENT_ON_GPU_MACHINE names: `import ray` raises ModuleNotFoundError
+# and importlib.util.find_spec("wandb") is None, as on a machine without them.
+_RUN_WITHOUT = """
+import runpy, sys
+absent = set(sys.argv[1].split(","))
+
+class Blind:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in absent:
+            return None
+        return self.inner.find_spec(name, path, target)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+sys.meta_path[:] = [Blind(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _run(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-c", _RUN_WITHOUT, ",".join(ABSENT_ON_GPU_MACHINE), str(SCRIPT),
+                           "--device", "cpu", "--quick", "--out", str(out), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    report = out / "gpu_check.json"
+    assert report.exists(), f"no report written (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc, json.loads(report.read_text())
+
+
+def _families() -> list[str]:
+    from trainer.tiny_model import TinyModelConfig
+
+    return list(typing.get_args(TinyModelConfig.model_fields["family"].annotation))
+
+
+def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
+    proc, report = _run(tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"failed checks {report['failed']}:\n{log[-6000:]}"
+    assert report["ok"] and report["failed"] == []
+    bounds = report["bounds"]
+
+    assert sorted(report["families"]) == sorted(_families())
+    for fam, rec in report["families"].items():
+        assert rec["ok"], (fam, rec.get("error"))
+        train = rec["train"]
+        assert train["dtype"] == "bfloat16"
+        assert train["loss_after"] < train["loss_before"], fam
+        assert train["step_time_s"] > 0
+        assert 0 < rec["update"]["max_abs_change"] <= rec["update"]["bound"], fam  # trained from the loaded weights
+        logits = rec["logits"]
+        assert logits["fp32_max_abs_diff"] <= bounds["fp32_logits_abs"], fam
+        assert logits["bf16_bound"] == pytest.approx(bounds["bf16_logits_rel_to_max_abs_logit"] * max(
+            1.0, logits["bf16_logit_scale"])), fam
+        assert logits["bf16_positions_over_bound"] <= logits["bf16_positions_over_bound_allowed"], fam
+        # most positions agree to well within the bf16 bound, MoE routing flips or not
+        assert logits["bf16_p90_abs_diff"] <= logits["bf16_bound"], fam
+        # bf16 rounds more than fp32: the fp32 comparison is the tighter, exact check of the conversion
+        assert logits["fp32_max_abs_diff"] < logits["bf16_p90_abs_diff"], fam
+        assert rec["roundtrip"]["names_equal"] and rec["roundtrip"]["max_abs_diff"] == 0.0, fam
+
+    jax = report["jax"]
+    assert jax["backend"] == "cpu"
+    for algo in ("ppo", "sac"):
+        assert jax[algo]["env_steps_per_s"] > 0, algo
+        assert jax[algo]["compile_s"] > 0, algo
+    names = {c["name"] for c in report["checks"]}
+    for check in ("loss_decreases", "update_size", "logits_bf16", "roundtrip", "logits_fp32"):
+        assert {f"{f}/{check}" for f in _families()} <= names, check
+    assert {"jax/ppo/env_steps_per_s", "jax/sac/env_steps_per_s"} <= names
+
+
+def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_path):
+    """Two rows of one converted matrix swapped on the transformers side: the exact (fp32) logits check fails,
+    the script exits 1 and names it; what the fault does not touch still passes."""
+    proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows")
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    assert "qwen2/logits_fp32" in report["failed"]
+    assert not report["ok"]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "FAILED" in last and "qwen2/logits_fp32" in last
+    passed = {c["name"] for c in report["checks"] if c["ok"]}
+    assert {"qwen2/loss_decreases", "qwen2/update_size", "qwen2/roundtrip"} <= passed
+    assert report["families"]["qwen2"]["logits"]["fp32_max_abs_diff"] > report["bounds"]["fp32_logits_abs"]
