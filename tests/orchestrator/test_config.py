@@ -17,7 +17,7 @@ def _base():
 
 
 def test_shipped_configs_validate():
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
+    for path in sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.yaml")]):
         load_config(path)
 
 
@@ -87,7 +87,7 @@ def test_cli_exits_2_on_jax_config_with_llm_section(tmp_path):
     assert "does not use the section(s) rollout" in proc.stderr
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.yaml")]), ids=lambda p: p.name)
 def test_resolved_config_loads_back_unchanged(path):
     """`tide resume` reads the run directory's config.yaml: the dump of every shipped config must parse back
     to the same config (a JAX run's dump must not carry the LLM sections it would then refuse)."""

@@ -1,0 +1,71 @@
+"""A model whose config.json asks for computation the trainer does not implement stops `tide run` before anything
+starts (exit 2, naming the field, no run directory left); a Llama 3.x directory with llama3 rope scaling starts."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(tmp_path_factory) -> Path:
+    from rollout.tasks import AdditionTask
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
+
+    spec = TinyModelConfig(family="llama3", hidden_size=64, num_heads=2, num_kv_heads=1)
+    return build_tiny_model(tmp_path_factory.mktemp("llama3") / "model", AdditionTask(1).corpus(), spec)
+
+
+def _edited_copy(src: Path, dst: Path, **fields) -> Path:
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(fields)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def _run(tmp_path: Path, model_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "m", "iterations": 1, "model": {"path": str(model_dir)},
+                                   "task": {"name": "addition", "max_digits": 1},
+                                   "rollout": {"max_new_tokens": 4, "max_prompt_tokens": 64}}))
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir",
+                           str(tmp_path / "run"), *overrides], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_released_llama3_config_is_read_with_its_rope_scaling(llama3_dir):
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import check_supported
+
+    raw = json.loads((llama3_dir / "config.json").read_text())
+    assert raw["rope_scaling"]["rope_type"] == "llama3" and "rope_parameters" not in raw  # as Meta ships it
+    check_supported(AutoConfig.from_pretrained(llama3_dir))
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "config.json field rope_scaling.rope_type = 'yarn'"),
+    ({"hidden_act": "gelu"}, "config.json field hidden_act = 'gelu'"),
+    ({"model_type": "gemma2"}, None),  # transformers reads it as another architecture: refused by model_type
+], ids=["yarn", "gelu", "gemma2"])
+def test_unsupported_model_exits_2_naming_the_field(tmp_path, llama3_dir, fields, named):
+    model = _edited_copy(llama3_dir, tmp_path / "model", **fields)
+    proc = _run(tmp_path, model)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (named or "model_type") in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_routing_replay_on_a_dense_model_exits_2(tmp_path, llama3_dir):
+    proc = _run(tmp_path, llama3_dir, "trainer.moe.routing_replay=rollout")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "trainer.moe.routing_replay: rollout needs a mixture-of-experts model" in proc.stderr
