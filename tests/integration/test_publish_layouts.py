@@ -50,7 +50,8 @@ def family_dirs(tmp_path_factory, tiny_dense_dir, tiny_moe_dir):
     def get(family: str):
         if family not in built:
             # init_std 0.3 for the MoE family: sharp routing, so a wrong expert order shows in the logits
-            spec = TinyModelConfig(family=family, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=48,
+            # head_dim 32: vLLM's CPU attention serves it (test_vllm_serves_what_tp1_published)
+            spec = TinyModelConfig(family=family, hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=48,
                                    num_experts=4, init_std=0.3 if family == "qwen3_moe" else 0.1)
             built[family] = build_tiny_model(tmp_path_factory.mktemp(family) / "model", AdditionTask(1).corpus(), spec)
         return built[family]
@@ -110,7 +111,40 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, family_dirs, 
         with torch.no_grad():
             got = hf(torch.tensor([toks])).logits[0]
         assert (got - ref).abs().max().item() <= 1e-4
+    if arch in SERVED and (tp, pp, ep) == (1, 1, 1):
+        _vllm_serves_the_published_model(whole, hf)
     shutil.rmtree(shm, ignore_errors=True)
+
+
+SERVED = ("qwen3", "llama3", "qwen3_moe")  # deepseek_v3: tests/integration/test_deepseek_v3.py
+
+
+def _vllm_serves_the_published_model(whole: Path, hf) -> None:
+    """vLLM, started on the trained and published checkpoint, samples with log-probs within the float32 gap bound
+    of transformers' on the same tokens (which equal Megatron's: the logits check above)."""
+    import ray
+
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
+
+    engine = ray.remote(num_cpus=0)(RolloutEngine).remote(
+        str(whole), EngineConfig(kv_cache_gb=0.125, enforce_eager=True, engine_start_timeout_s=600), deterministic=True)
+    try:
+        samples = ray.get(engine.generate.remote(AdditionTask(1).problems(seed=0, iteration=0, n=4), 2, 6, 1.0, 0),
+                          timeout=900).items
+    finally:
+        ray.get(engine.shutdown.remote(), timeout=120)
+        ray.kill(engine)
+    gaps = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(ids).logits[0].float(), dim=-1)
+        start = len(s.prompt_ids)
+        want = logp[start - 1:-1].gather(1, torch.tensor(s.completion_ids)[:, None])[:, 0]
+        gaps.append((want - torch.tensor(s.logprobs)).abs().max().item())
+    assert sum(len(s.completion_ids) for s in samples) >= 8
+    assert max(gaps) <= 1e-4, gaps
 
 
 def test_impossible_layout_is_refused_by_name(ray_cluster, tiny_model_dir):
