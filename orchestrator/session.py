@@ -28,7 +28,7 @@ from orchestrator.reward_functions import RewardFunctionError, RewardFunctions
 from orchestrator.rewards import reward_columns
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
-from orchestrator.trainer_group import TrainerGroup
+from orchestrator.trainer_group import TrainerGroup, check_routing_replay
 from orchestrator.warmup import warm_start
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
@@ -196,11 +196,8 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
     except UnsupportedModelError as e:
         raise ConfigError(f"model {model_dir}: {e}") from None
     if cfg.trainer.moe.routing_replay != "none":
-        if not is_moe(hf_config):
-            raise ConfigError(f"trainer.moe.routing_replay: {cfg.trainer.moe.routing_replay} needs a mixture-of-experts "
-                              f"model; {model_dir} ({hf_config.model_type}) has no experts: set it to none")
-        engine = cfg.rollout.engine_config(cfg.iterations)
-        if not (engine.record_routing and engine.engine_process == "inline" and engine.tp == 1 and engine.eager):
+        check_routing_replay(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer))
+        if not cfg.rollout.engine_config(cfg.iterations).records_routing:
             raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
                               "to: rollout.record_routing true, engine_process inline, tp 1 and an eager engine "
                               "(enforce_eager true)")

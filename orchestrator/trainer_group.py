@@ -51,10 +51,10 @@ def check_routing_replay(spec: TrainerSpec) -> None:
         return
     from transformers import AutoConfig
 
-    from ckpt_transfer.convert import family
+    from ckpt_transfer.convert import is_moe
 
     hf_config = AutoConfig.from_pretrained(spec.hf_dir)
-    if not family(hf_config).megatron_transformer_kwargs(hf_config).get("num_moe_experts"):
+    if not is_moe(hf_config):
         raise ConfigError(f"trainer.moe.routing_replay: {spec.trainer.moe.routing_replay} needs a mixture-of-experts "
                           f"model; {spec.hf_dir} ({hf_config.model_type}) has no experts: set it to none")
 

@@ -85,6 +85,13 @@ class EngineConfig(_Strict):
             return self.device == "cpu"
         return self.enforce_eager
 
+    @property
+    def records_routing(self) -> bool:
+        """The engine records each token's experts (mixture-of-experts models): the recorder is read in the
+        process that runs the model (engine_process inline, tp 1), and a compiled model traced its routers before
+        the recording hook was bound."""
+        return self.record_routing and self.engine_process == "inline" and self.tp == 1 and self.eager
+
 
 class RolloutConfig(EngineConfig):
     """The YAML `rollout:` section: the engines' settings plus what each rollout phase generates."""

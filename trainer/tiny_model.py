@@ -21,7 +21,6 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }
 # part of the cache key: bump when the directory's contents change (2: chat template; 3: deepseek_v3 with yarn)
 TINY_FORMAT_VERSION = 3
 TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral"]
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral")
 
 
 class TinyModelConfig(BaseModel):

@@ -105,6 +105,10 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
 
 def check_supported(hf_config: Any) -> None:
     dense.check_supported(hf_config)
+    _check_moe(hf_config)
+
+
+def _check_moe(hf_config: Any) -> None:
     if getattr(hf_config, "router_jitter_noise", 0.0):
         raise UnsupportedModelError(f"config.json field router_jitter_noise = {hf_config.router_jitter_noise!r}: "
                                     "router noise has no Megatron equivalent")
@@ -118,9 +122,9 @@ def check_supported(hf_config: Any) -> None:
 
 
 def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
-    check_supported(hf_config)
+    _check_moe(hf_config)
     nm = _names(hf_config)
-    kw = dict(dense.megatron_transformer_kwargs(hf_config))
+    kw = dict(dense.megatron_transformer_kwargs(hf_config))  # checks the rest
     renormalise = hf_config.model_type == "mixtral" or bool(getattr(hf_config, "norm_topk_prob", False))
     kw.update(
         num_moe_experts=getattr(hf_config, nm.num_experts_field),

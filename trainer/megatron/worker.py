@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _behaviour_gap(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
+    """Summed |trainer - engines| log-prob over a micro-batch's completion tokens: against the engines' own
+    log-probs (`rollout`) under truncated importance sampling, else against pi_old (the same log-probs when the
+    batch is fresh)."""
+    behaviour = (mb["old"] if tis_cap is None else mb["rollout"]).to(logp.device)
+    return ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum()
+
+
 class MegatronWorker:
     def __init__(self, spec: TrainerSpec, rank: int, world_size: int, master_addr: str, master_port: int):
         t = spec.trainer
@@ -375,9 +383,7 @@ class MegatronWorker:
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
-            behaviour = mb["old"] if tis_cap is None else mb["rollout"]
-            gap = ((logp.float() - behaviour.to(logp.device)).abs() * mb["mask"].to(logp.device)).sum()
-            return output.new_zeros(()), {"gap": gap.cpu()}
+            return output.new_zeros(()), {"gap": _behaviour_gap(logp, mb, tis_cap).cpu()}
 
         from trainer.megatron.routing_replay import RoutingPass
 
@@ -431,8 +437,7 @@ class MegatronWorker:
                 w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
                 loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent)
                 sq = (((logp - old) ** 2) * mask).sum()
-                behaviour = old if tis_cap is None else mb["rollout"].to(logp.device)  # the engines' log-probs
-                gap = ((logp.detach() - behaviour).abs() * mask).sum()
+                gap = _behaviour_gap(logp, mb, tis_cap)
                 if ref is not None:
                     ref = masked_reference(logp, ref, mask)
                     kl = (kl_estimate(logp.detach(), ref, spec.kl_estimator) * mask).sum()
