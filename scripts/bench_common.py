@@ -4,7 +4,7 @@ Every `scripts/bench_<area>.py` builds its `bench_results/<area>.json` only thro
 
     report = Report("area", quick)                 # or Report("area", quick, out=args.out)
     row = report.add(name, contender, baseline, metric, samples_a, samples_b, higher_is_better=..., **extra)
-    report.goal(goal_name, ratio, target)          # met = ratio >= target, computed here
+    report.goal(goal_name, ratio, target, row=row) # met = ratio >= target and both sides of `row` finite
     report.machine_extra["cgroups"] = "v2"         # area facts about the machine (merged into "machine")
     report.note("floors", {...})                   # a named top-level section
     report.finish()                                # write the JSON, print the table, say where it went
@@ -89,12 +89,22 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def ratio_of(a: float, b: float) -> float:
-    """a / b; equal figures (both infinite included) give 1, a finite figure over 0 gives inf."""
+    """a / b; a finite figure over 0 gives inf. Where there is no ratio (both infinite: neither side got there;
+    0 / 0; a NaN) it is NaN, which meets no goal: two failures are not a tie."""
+    if math.isnan(a) or math.isnan(b) or (math.isinf(a) and math.isinf(b)) or (a == 0 and b == 0):
+        return math.nan
     if a == b:
         return 1.0
     if b == 0:
         return math.inf
     return a / b
+
+
+def failed_sides(row: dict) -> list[str]:
+    """The sides of a result row with a sample that is not a finite figure (inf: a run that never reached its
+    target; NaN: no figure at all)."""
+    return [side for side in ("contender", "baseline")
+            if not all(math.isfinite(x) for x in row[f"samples_{side}"])]
 
 
 @dataclass
@@ -123,9 +133,16 @@ class Report:
         self.results.append(row)
         return row
 
-    def goal(self, name: str, ratio: float, target: float) -> dict:
-        """A target: `ratio` must be expressed so that higher is better (a speed-up for a time)."""
-        g = {"name": name, "ratio": ratio, "target": target, "met": bool(ratio >= target)}
+    def goal(self, name: str, ratio: float, target: float, row: dict | None = None) -> dict:
+        """A target: `ratio` must be expressed so that higher is better (a speed-up for a time). `row`: the result
+        row the ratio comes from; a goal whose row has a side with a failed sample (a run that never reached
+        its target, on either side) is not met, whatever the ratio, and says which side failed. A NaN ratio
+        (no ratio: see ratio_of) is never met."""
+        failed = failed_sides(row) if row is not None else []
+        met = not failed and not math.isnan(ratio) and ratio >= target
+        g = {"name": name, "ratio": ratio, "target": target, "met": bool(met)}
+        if failed:
+            g["failed_sides"] = failed
         self.goals.append(g)
         return g
 
@@ -170,7 +187,9 @@ class Report:
 
     def print_goals(self) -> None:
         for g in self.goals:
-            print(f"  goal {g['name']}: {g['ratio']:.3f} (target {g['target']}) {'met' if g['met'] else 'NOT met'}")
+            why = f" ({' and '.join(g['failed_sides'])} never reached it)" if g.get("failed_sides") else ""
+            print(f"  goal {g['name']}: {g['ratio']:.3f} (target {g['target']}) {'met' if g['met'] else 'NOT met'}"
+                  f"{why}")
 
     def finish(self) -> Path:
         """Write the JSON, print the table and where the JSON went: the end of every bench run."""

@@ -470,7 +470,7 @@ def main() -> None:
                        s["rejax"]["wall"])
         report.add(f"cartpole_num_envs_{n}_cpu", "tide", "rejax", "env_steps_per_cpu_s", s["tide"]["cpu"],
                    s["rejax"]["cpu"])
-        report.goal(f"steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
+        report.goal(f"steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2, row=r)
         print(f"num_envs {n}: tide {r['contender_median']:.0f}/s rejax {r['baseline_median']:.0f}/s ratio {r['ratio']:.2f}",
               flush=True)
         if n == 4:
@@ -478,7 +478,7 @@ def main() -> None:
                             s_torch["tide"]["wall"], s_torch["torch"]["wall"])
             report.add("cartpole_num_envs_4_vs_python_loop_cpu", "tide", "torch_python_loop", "env_steps_per_cpu_s",
                        s_torch["tide"]["cpu"], s_torch["torch"]["cpu"])
-            report.goal("steps_per_s_vs_python_loop_num_envs_4", rt["ratio"], 30.0)
+            report.goal("steps_per_s_vs_python_loop_num_envs_4", rt["ratio"], 30.0, row=rt)
             print(f"  torch {rt['baseline_median']:.0f}/s ratio {rt['ratio']:.1f}", flush=True)
 
     # 8 seeds vmapped over the whole train state, 4 envs each, tide and rejax on one device each (the goal:
@@ -498,7 +498,7 @@ def main() -> None:
                "env_steps_per_cpu_s", s["tide_1_device"]["cpu"], s["rejax"]["cpu"])
     r = report.add("cartpole_8_seeds_num_envs_4", f"tide (seeds over {n_dev} CPU devices)", "rejax (1 device)",
                    "env_steps_per_s", s_devices["tide"]["wall"], s_devices["rejax"]["wall"])
-    report.goal("steps_per_s_vs_rejax_8_seeds (one device each)", r1["ratio"], 1.2)
+    report.goal("steps_per_s_vs_rejax_8_seeds (one device each)", r1["ratio"], 1.2, row=r1)
     print(f"8 seeds: ratio {r1['ratio']:.2f} on one device, {r['ratio']:.2f} with tide over {n_dev} devices",
           flush=True)
 
@@ -511,7 +511,7 @@ def main() -> None:
                        s["rejax"]["wall"], gradient_steps_per_env_step=SAC_GRADIENT_STEPS / n)
         report.add(f"sac_pendulum_num_envs_{n}_cpu", "tide SAC", "rejax SAC", "env_steps_per_cpu_s", s["tide"]["cpu"],
                    s["rejax"]["cpu"])
-        report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2)
+        report.goal(f"sac_steps_per_s_vs_rejax_num_envs_{n}", r["ratio"], 1.2, row=r)
         # Not a goal: rejax with the products on the library tide's SAC picks, in its own alternation with tide
         s_eigen = measure({"tide": (tide_sac_step(n, u), n * u),
                            "rejax_eigen": (rejax_sac_step(n, u, cpu_matmul="eigen"), n * u)}, repeats)

@@ -248,10 +248,10 @@ def main() -> None:
         report.note("compiled_break_even", {"extra_start_s": extra_start, "tokens": tokens,
                                             "eager_generation_s": tokens / eager})
         report.note("tide_engine_settings", {"engine_process": cfg.engine_process, "enforce_eager": cfg.eager})
-        report.goal("tide_path_vs_vllm_direct (same settings)", direct_row["ratio"], DIRECT_TARGET)
-        report.goal("tide_default_vs_fastest_vllm", best_row["ratio"], 1.0)
+        report.goal("tide_path_vs_vllm_direct (same settings)", direct_row["ratio"], DIRECT_TARGET, row=direct_row)
+        report.goal("tide_default_vs_fastest_vllm", best_row["ratio"], 1.0, row=best_row)
         if not quick:
-            report.goal("tide_vs_hf_generate (full mode, ~100M)", hf_row["ratio"], HF_TARGET)
+            report.goal("tide_vs_hf_generate (full mode, ~100M)", hf_row["ratio"], HF_TARGET, row=hf_row)
     finally:
         if group is not None:
             group.shutdown()

@@ -191,7 +191,7 @@ def main() -> None:
                        iterations=iterations, lr_decay=decay)
             if decay == "linear":
                 report.goal("tide within 1.2x TRL's iterations, TRL's default schedule (TRL / tide)",
-                            ratio_of(1.0, row["ratio"]), 1 / 1.2)
+                            ratio_of(1.0, row["ratio"]), 1 / 1.2, row=row)
     report.note("reward_curves", curves)
     report.note("job", job_config(seeds[0], iterations))
     report.finish()

@@ -230,7 +230,7 @@ def main() -> None:
                     "p50": round(pct(ls, .5), 2), "p99": round(pct(ls, .99), 2), "n": len(ls)}
             # The 2x-runc goal against runc on the same overlay (crun vs runc); the copied rootfs is reported.
             for base, target in (("runc-same-overlay", 2.0), ("bare-subprocess", 0.7)):
-                report.goal(f"throughput_c{c}_vs_{base}", rows[base]["ratio"], target)
+                report.goal(f"throughput_c{c}_vs_{base}", rows[base]["ratio"], target, row=rows[base])
         # Latency p50 per repetition, as ratios (lower is better).
         for c in (1, max(concs)):
             for base in ("runc-copied-rootfs", "runc-same-overlay", "bare-subprocess"):
@@ -287,7 +287,7 @@ def main() -> None:
                 fb.append(sample(http_run, c, per(c), pool)[0] * CORES)
             row = report.add(f"http_run_code_c{c}", "HTTP POST /run_code (SandboxFusion API)", "HTTP POST /run",
                              "requests/s (whole machine)", fa, fb, concurrency=c)
-            report.goal(f"http_run_code_c{c}_vs_run", row["ratio"], 0.9)
+            report.goal(f"http_run_code_c{c}_vs_run", row["ratio"], 0.9, row=row)
         # Sessions: a warm session's `1+1` over HTTP, and opening one, against a bare ipykernel started outside
         # any container (what a Jupyter-backed session would pay; tide's session is a plain Python namespace,
         # so Jupyter mode's kernel start in a container is reported beside it as the like-for-like row).
@@ -341,7 +341,7 @@ def main() -> None:
                 sj.append(statistics.median(jupyter_in_container() for _ in range(3)) * 1000)
             row = report.add("session_start_vs_bare_ipykernel", "POST /sessions (ready)",
                              "bare ipykernel start + first `1+1`, no container", "ms", sa, sb, higher_is_better=False)
-            report.goal("session_start_vs_bare_ipykernel (speed-up)", 1 / row["ratio"], 0.8)
+            report.goal("session_start_vs_bare_ipykernel (speed-up)", 1 / row["ratio"], 0.8, row=row)
             report.add("jupyter_mode_vs_bare_ipykernel", "Jupyter mode request, one `1+1` cell, in a container",
                        "bare ipykernel start + first `1+1`, no container", "ms", sj, sb, higher_is_better=False)
         http.close()
@@ -374,7 +374,7 @@ def main() -> None:
                              f"judge mode, 1 case ({language})", "ms per request (compile included), sequential",
                              tb, ta, higher_is_better=False)
             report.goal(f"judge_{language}_one_case_over_20_cases (>= 1/3: 20 cases cost at most 3x one)",
-                        1 / row["ratio"], 1 / 3)
+                        1 / row["ratio"], 1 / 3, row=row)
         tests_req = RunRequest(language="python", code="def add(a, b):\n    return a + b",
                                tests=["assert add(1, 2) == 3"] * 5)
         plain_req = RunRequest(language="python", code="def add(a, b):\n    return a + b\nassert add(1, 2) == 3")
