@@ -51,10 +51,12 @@ def probe_due(interval: int, iteration: int) -> bool:
     return interval > 0 and iteration % interval == 0
 
 
-def check_logprob_gap(iteration: int, gap: float, limit: float, where: str = "the probe batch") -> None:
+def check_logprob_gap(iteration: int, gap: float, limit: float, where: str = "the probe batch",
+                      origin: str | None = None) -> None:
+    """`origin`: where the bound comes from and the run's dtype (RolloutConfig.logprob_gap_origin)."""
     if not gap <= limit:  # also catches NaN
         raise LogprobGapError(
             f"iteration {iteration}: vLLM and trainer log-probs differ by {gap:.3g} on {where} "
-            f"(rollout.max_logprob_gap = {limit:g}); the engines do not serve the trainer's weights, or do not "
-            f"sample the distribution the trainer computes"
+            f"({origin or f'rollout.max_logprob_gap = {limit:g}'}); the engines do not serve the trainer's "
+            f"weights, or do not sample the distribution the trainer computes"
         )

@@ -68,8 +68,9 @@ def run_iterations(s: Session) -> None:
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
-            gap_bound = r.logprob_gap_bound(cfg.model.dtype)
-            check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update")
+            gap_bound, bound_origin = r.logprob_gap_bound(cfg.model.dtype), r.logprob_gap_origin(cfg.model.dtype)
+            check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update",
+                              bound_origin)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
@@ -98,7 +99,7 @@ def run_iterations(s: Session) -> None:
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")
             if probe:
-                check_logprob_gap(it, probe["probe_gap"], gap_bound)
+                check_logprob_gap(it, probe["probe_gap"], gap_bound, origin=bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")

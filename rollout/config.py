@@ -125,7 +125,8 @@ class RolloutConfig(EngineConfig):
     max_logprob_gap: float | None = Field(
         None, gt=0, description="Bound on the mean |engine - trainer| log-prob of the sampled tokens on the same "
         "weights, checked every iteration (and by the probe); a larger gap stops the run. null: 1e-4 for float32, "
-        "3e-2 for bfloat16 (float16 needs a value).")
+        "3e-2 for bfloat16 (float16 needs a value); below 1e-6 (float32) or 1e-2 (bfloat16), what the dtype was "
+        "measured to reach, it is refused.")
     probe_every: int | None = Field(
         None, ge=0, description="After every probe_every-th sync, each engine samples fixed probe prompts that "
         "the trainer rescores (the same bound); null: after every sync with several engines, never with one; 0: "
@@ -166,12 +167,29 @@ class RolloutConfig(EngineConfig):
         return 1 if self.engines > 1 else 0
 
     def logprob_gap_bound(self, dtype: str) -> float:
+        """The gap bound of a run in `dtype`: max_logprob_gap, or the dtype's default. A bound below what engine
+        and trainer were measured to reach in that dtype on the same weights is refused: the run would stop at
+        its first iteration blaming the engines' weights."""
         if self.max_logprob_gap is not None:
+            floor = LOGPROB_GAP_FLOOR.get(dtype)
+            if floor is not None and self.max_logprob_gap < floor:
+                raise ValueError(
+                    f"rollout.max_logprob_gap {self.max_logprob_gap:g} is below what model.dtype {dtype} reaches: "
+                    f"engine and trainer log-probs on the same weights were measured up to {floor:g} apart in "
+                    f"{dtype}; remove it for {dtype}'s default {DEFAULT_LOGPROB_GAP[dtype]:g}, or set at least "
+                    f"{floor:g}")
             return self.max_logprob_gap
         if dtype not in DEFAULT_LOGPROB_GAP:
             raise ValueError(f"no default rollout.max_logprob_gap for model.dtype {dtype!r} (measured only for "
                              f"{', '.join(DEFAULT_LOGPROB_GAP)}): set it")
         return DEFAULT_LOGPROB_GAP[dtype]
+
+    def logprob_gap_origin(self, dtype: str) -> str:
+        """Where the gap bound of a run in `dtype` comes from, for the error that quotes it."""
+        bound = self.logprob_gap_bound(dtype)
+        if self.max_logprob_gap is not None:
+            return f"rollout.max_logprob_gap = {bound:g} set in the config, model.dtype {dtype}"
+        return f"rollout.max_logprob_gap = {bound:g}, the default for model.dtype {dtype}"
 
 
 DEFAULT_CPU_KV_CACHE_GB = 0.25
@@ -187,6 +205,10 @@ COMPILED_BREAK_EVEN_TOKENS = 184_000
 # stays under what one iteration's update moves log-probs there (RMS 0.09 to 0.25 per token, median 0.25), so
 # an engine left on the previous weights still fails the check. float16 has no measured figure: set the bound.
 DEFAULT_LOGPROB_GAP = {"float32": 1e-4, "bfloat16": 3e-2}
+# The smallest max_logprob_gap accepted per dtype: the largest gap measured on the same weights, rounded up.
+# float32: 6.6e-7 (the largest of the four model families' 70-iteration runs, docs/models.md); bfloat16: 9.6e-3
+# (above). A bound below it fails on a healthy run, and the error would blame the engines' weights.
+LOGPROB_GAP_FLOOR = {"float32": 1e-6, "bfloat16": 1e-2}
 
 
 DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -141,6 +141,19 @@ def test_sampling_fields_are_validated():
         parse_config({**_base(), "rollout": {"top_k": -1}})
 
 
+def test_a_gap_bound_the_dtype_cannot_reach_is_refused_at_load_time():
+    """configs/quickstart.yaml's float32 bound of 1e-4 with model.dtype bfloat16 used to stop the run at iteration
+    1, blaming the engines' weights; it is refused before anything starts, naming the dtype and its default."""
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml").read_text())
+    assert shipped["rollout"]["max_logprob_gap"] == 1e-4
+    shipped["model"]["dtype"] = "bfloat16"
+    with pytest.raises(ConfigError, match=r"rollout.max_logprob_gap 0.0001 is below what model.dtype bfloat16 "
+                                          r"reaches.*bfloat16's default 0.03, or set at least 0.01"):
+        parse_config(shipped)
+    with pytest.raises(ConfigError, match="below what model.dtype float32 reaches"):
+        parse_config({**_base(), "rollout": {"max_logprob_gap": 1e-7}})
+
+
 def test_logprob_gap_bound_follows_the_model_dtype():
     cfg = parse_config(_base())
     assert cfg.rollout.logprob_gap_bound(cfg.model.dtype) == 1e-4
@@ -148,6 +161,8 @@ def test_logprob_gap_bound_follows_the_model_dtype():
     assert bf16.rollout.logprob_gap_bound("bfloat16") == 3e-2
     explicit = parse_config({**_base(), "model": {"dtype": "bfloat16"}, "rollout": {"max_logprob_gap": 0.01}})
     assert explicit.rollout.logprob_gap_bound("bfloat16") == 0.01
+    assert "the default for model.dtype bfloat16" in bf16.rollout.logprob_gap_origin("bfloat16")
+    assert "set in the config, model.dtype bfloat16" in explicit.rollout.logprob_gap_origin("bfloat16")
     with pytest.raises(ConfigError, match="no default rollout.max_logprob_gap for model.dtype 'float16'"):
         parse_config({**_base(), "model": {"dtype": "float16"}})
     assert parse_config({**_base(), "model": {"dtype": "float16"}, "rollout": {"max_logprob_gap": 0.05}})

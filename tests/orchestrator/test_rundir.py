@@ -68,6 +68,12 @@ def test_logprob_gap_guard_names_the_limit():
         check_logprob_gap(3, 2e-3, 1e-4)
     with pytest.raises(LogprobGapError):
         check_logprob_gap(3, math.nan, 1e-4)
+    from rollout.config import RolloutConfig
+
+    origin = RolloutConfig().logprob_gap_origin("bfloat16")
+    with pytest.raises(LogprobGapError, match=r"differ by 0.05 .*\(rollout.max_logprob_gap = 0.03, the default for "
+                                              r"model.dtype bfloat16\)"):
+        check_logprob_gap(3, 0.05, 0.03, origin=origin)
 
 
 def _scalars(logdir):
