@@ -91,7 +91,7 @@ def run_iterations(s: Session) -> None:
                                           sampling_seed(cfg.seed + EVAL_STREAM, it))
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
-            run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": lr,
+            run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
                              "logprob_gap": train["behaviour_gap"], **unreplayed_gap(train), **probe, "samples": len(samples),
                              **rendering.metrics(), **evaluation, **moved})

@@ -18,7 +18,9 @@ Losses (`trainer.loss`):
     completions), `token_mean` (DAPO, Yu et al. 2025, arXiv:2503.14476: every token of the mini-batch
     weighs the same), `seq_mean_token_sum` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783: token sums averaged
     over completions; Dr. GRPO divides by a constant generation budget instead, which only rescales);
-  - `adv_std_norm`: divide by the group's reward std (GRPO) or not (Dr. GRPO);
+  - `adv_std_norm`: divide by the group's reward std (GRPO) or not (Dr. GRPO); the std is the population one
+    (divided by n) or, with `adv_std_unbiased`, Bessel's (n - 1, as TRL and veRL compute it), plus
+    `adv_std_eps`;
   - clip-higher (DAPO): ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high].
   With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
   `ppo_clip` (not PPO: there is no critic).
@@ -61,6 +63,8 @@ class LossSpec:
     clip_eps_high: float = 0.2
     agg: LossAgg = "token_mean"  # grpo only
     adv_std_norm: bool = False
+    adv_std_unbiased: bool = False
+    adv_std_eps: float = 1e-6
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
@@ -72,21 +76,25 @@ class LossSpec:
         return {"kimi": "seq_mean_token_sum", "kimi_token": "token_mean"}.get(self.kind, self.agg)
 
 
-def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool) -> torch.Tensor:
-    """r - mean(r over the samples of the same prompt); divided by the group's std (population) for GRPO."""
+def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool,
+                              unbiased: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """r - mean(r over the samples of the same prompt); for GRPO divided by the group's std (population, or
+    Bessel-corrected with `unbiased`) + eps. A group of one sample has advantage 0 (no std to divide by)."""
     adv = torch.empty_like(rewards)
     for g in torch.unique(groups):
         idx = groups == g
         r = rewards[idx]
         a = r - r.mean()
         if normalize_std:
-            a = a / (r.std(unbiased=False) + 1e-6)
+            std = r.std(unbiased=unbiased) if r.numel() > 1 else r.new_zeros(())
+            a = a / (std + eps)
         adv[idx] = a
     return adv
 
 
 def advantages(spec: LossSpec, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    return group_baseline_advantages(rewards, groups, normalize_std=spec.adv_std_norm)
+    return group_baseline_advantages(rewards, groups, normalize_std=spec.adv_std_norm,
+                                     unbiased=spec.adv_std_unbiased, eps=spec.adv_std_eps)
 
 
 def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:

@@ -25,6 +25,29 @@ def test_grpo_divides_by_group_std():
                           torch.tensor([0.5, -0.5]))
 
 
+def test_grpo_unbiased_std_is_trls():
+    """trainer.adv_std: unbiased, adv_std_eps 1e-4: TRL's (r - mean) / (std(n - 1) + 1e-4), by hand."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 7.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2])
+    adv = advantages(LossSpec("grpo", adv_std_norm=True, adv_std_unbiased=True, adv_std_eps=1e-4), rewards, groups)
+    # group 0: mean 1/4, squared deviations 9/16 + 3 x 1/16 = 3/4, / (4 - 1): std 1/2; group 1 mirrored;
+    # a group of one: advantage 0, not NaN
+    half = 0.5 + 1e-4
+    assert torch.allclose(adv, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75, 0.0]) / torch.tensor(
+        [half] * 8 + [1.0]), atol=1e-7)
+    population = advantages(LossSpec("grpo", adv_std_norm=True), rewards, groups)
+    # population std sqrt(3/16) = 0.433: advantages sqrt(4/3) larger
+    assert population[0].item() == pytest.approx(0.75 / (math.sqrt(3 / 16) + 1e-6), rel=1e-6)
+
+
+def test_adv_std_config_reaches_the_loss_spec():
+    from trainer.config import TrainerConfig
+
+    spec = TrainerConfig(loss="grpo", adv_std="unbiased", adv_std_eps=1e-4).loss_spec()
+    assert (spec.adv_std_norm, spec.adv_std_unbiased, spec.adv_std_eps) == (True, True, 1e-4)
+    assert TrainerConfig(loss="grpo").loss_spec().adv_std_unbiased is False
+
+
 def test_kimi_sequence_loss_by_hand():
     """Kimi k1.5: -(r - r_mean) log pi(y|x) + tau/2 (log pi(y|x) - log pi_old(y|x))^2, per completion."""
     logp = torch.tensor([[-1.0, -2.0, -9.0]])
@@ -119,12 +142,28 @@ def test_length_reward_by_hand():
 
 
 def test_lr_schedule_by_hand():
+    """transformers' schedules after tide's warm-up: the first decayed iteration at lr, min_lr reached one
+    iteration after the last, so the last one still updates (it ran at min_lr, 0 by default, before)."""
     lin = LRSchedule(warmup_iterations=2, decay="linear", min_lr=0.1)
-    assert [lr_at(1.0, lin, it, 6) for it in range(1, 7)] == pytest.approx([0.5, 1.0, 0.775, 0.55, 0.325, 0.1])
+    # warm-up 1/2, 2/2; then progress (it - 3) / 4: 0, 0.25, 0.5, 0.75
+    assert [lr_at(1.0, lin, it, 6) for it in range(1, 7)] == pytest.approx([0.5, 1.0, 1.0, 0.775, 0.55, 0.325])
     cos = LRSchedule(decay="cosine", min_lr=0.0)
-    # progress it/4: 0.5 (1 + cos(pi/4)), 0.5 (1 + cos(pi/2)), ..., 0 at the end
+    # progress (it - 1) / 4: 2 x 0.5 (1 + cos(pi x progress))
     assert [lr_at(2.0, cos, it, 4) for it in range(1, 5)] == pytest.approx(
-        [1 + math.cos(math.pi / 4), 1.0, 1 + math.cos(3 * math.pi / 4), 0.0])
+        [2.0, 1 + math.cos(math.pi / 4), 1.0, 1 + math.cos(3 * math.pi / 4)])
+    assert lr_at(1.0, LRSchedule(decay="linear"), 70, 70) == pytest.approx(1 / 70)  # the last update is not lost
+    # transformers' own linear schedule with no warm-up, step s = iteration - 1: the same rates
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = get_linear_schedule_with_warmup(opt, 0, 5)
+    theirs = []
+    for _ in range(5):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [lr_at(1.0, LRSchedule(decay="linear"), it, 5) for it in range(1, 6)] == pytest.approx(theirs)
     assert [lr_at(0.3, LRSchedule(), it, 5) for it in (1, 5)] == [0.3, 0.3]
 
 

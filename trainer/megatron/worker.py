@@ -362,7 +362,7 @@ class MegatronWorker:
         out = {"loss": float(stats[0]) / (updates * epochs), "logp_mean": per_token["logp"],
                "sq_log_ratio": per_token["sq_log_ratio"], "entropy": per_token["entropy"],
                "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(tokens),
-               "optimizer_steps": len(grad_norms),
+               "optimizer_steps": len(grad_norms), "lr": self._applied_lr(),
                # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
                # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
                "behaviour_gap": gap if mode == "rl" else float("nan"),
@@ -372,6 +372,13 @@ class MegatronWorker:
         if mode == "rl" and self.loss_spec.kind == "grpo":
             out |= {"clip_fraction_low": per_token["clip_low"], "clip_fraction_high": per_token["clip_high"]}
         return out | routing_stats
+
+    def _applied_lr(self) -> float:
+        """The rate the optimizer's own parameter groups (torch's Adam inside Megatron's wrappers) stepped with."""
+        rates = {group["lr"] for group in self.optimizer.param_groups}
+        if len(rates) != 1:
+            raise RuntimeError(f"the optimizer's parameter groups disagree on the learning rate: {sorted(rates)}")
+        return float(rates.pop())
 
     def _unreplayed_pass(self, seqs: list[TrainSequence], chunk: list[int], seq_len: int, dist: TokenDistribution,
                          tis_cap: float | None) -> tuple[float, torch.Tensor]:
