@@ -24,13 +24,28 @@ class _Rank:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int) -> bool:
+    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int, threads: int | None = None) -> bool:
+        """`threads`: torch's intra-op threads (CPU ranks sharing a node's cores)."""
+        import torch
+
         from trainer.megatron.worker import MegatronWorker
 
+        if getattr(self, "worker", None) is not None:
+            raise RuntimeError("this rank holds a worker already: release() it first")
+        if threads:
+            torch.set_num_threads(threads)
         self.worker = MegatronWorker(spec, rank, world, addr, port)
         gc.collect()
         gc.freeze()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
         return True
+
+    def release(self) -> None:
+        """Tear the worker down and keep the process, imports and all, for another group (RankPool)."""
+        worker, self.worker = self.worker, None
+        worker.shutdown()
+        del worker
+        gc.unfreeze()  # the worker's model and optimizer were frozen with the start-up heap
+        gc.collect()
 
     def call(self, method: str, *args, **kwargs) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
@@ -59,25 +74,72 @@ def check_routing_replay(spec: TrainerSpec) -> None:
                           f"model; {spec.hf_dir} ({hf_config.model_type}) has no experts: set it to none")
 
 
+class RankPool:
+    """Started trainer-rank processes kept between TrainerGroups on one CPU node. Most of a rank's start is
+    importing torch, Megatron and transformers (7.5 of the 9-10 s a group took to start here); a TrainerGroup
+    given the pool borrows started ranks and hands them back with their Megatron state torn down
+    (MegatronWorker.shutdown), as Megatron's own tests initialise and destroy model parallelism in one process
+    case after case. For a process that builds many groups (the test suite); a run builds one."""
+
+    def __init__(self) -> None:
+        self._actor = ray.remote(num_cpus=0, runtime_env={"env_vars": writer_process_env()})(_Rank)
+        self._idle: list = []
+
+    def take(self, n: int) -> list:
+        while len(self._idle) < n:
+            self._idle.append(self._actor.remote())
+        taken, self._idle = self._idle[:n], self._idle[n:]
+        return taken
+
+    def give_back(self, ranks: list) -> None:
+        self._idle.extend(ranks)
+
+    def close(self) -> None:
+        for r in self._idle:
+            _end(r)
+        self._idle = []
+
+
+def _end(rank) -> None:
+    """End a rank's process as Python ends (atexit handlers run: _Rank.exit), killing one that does not answer."""
+    try:
+        ray.get(rank.exit.remote(), timeout=30)
+    except ray.exceptions.RayActorError:  # it exits as asked, or was dead already
+        return
+    except Exception:  # noqa: BLE001  (it does not answer: killed below)
+        pass
+    ray.kill(rank)
+
+
 class TrainerGroup:
-    def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None):
-        """`placement(i)`: Ray options placing rank i (orchestrator/placement.py); None: anywhere."""
+    def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None,
+                 pool: RankPool | None = None):
+        """`placement(i)`: Ray options placing rank i (orchestrator/placement.py); None: anywhere. `pool`:
+        borrow started rank processes from it (CPU, no placement) and hand them back at shutdown."""
         check_routing_replay(spec)
         self.spec, self.timeout = spec, timeout_s
         self.world = spec.trainer.parallel.world
-        env = writer_process_env()
         device = spec.trainer.device
+        threads = None
         if device == "cpu":
             # The phases take turns (the engines idle while the trainer steps): the ranks share this node's
             # cores.
-            threads = str(max(1, len(os.sched_getaffinity(0)) // self.world))
-            env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-        resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
-        actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
-        self.ranks = [actor.options(**(placement(i) if placement else {})).remote() for i in range(self.world)]
+            threads = max(1, len(os.sched_getaffinity(0)) // self.world)
+        if pool is not None and (device != "cpu" or placement is not None):
+            raise ValueError("a RankPool serves CPU ranks placed anywhere on the driver's node")
+        self._pool = pool
+        if pool is not None:
+            self.ranks = pool.take(self.world)
+        else:
+            env = writer_process_env()
+            if threads:
+                env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
+            actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
+            self.ranks = [actor.options(**(placement(i) if placement else {})).remote() for i in range(self.world)]
         try:
             addr, port = self._get(self.ranks[0].address.remote())
-            self._get([r.setup.remote(spec, i, self.world, addr, port) for i, r in enumerate(self.ranks)])
+            self._get([r.setup.remote(spec, i, self.world, addr, port, threads) for i, r in enumerate(self.ranks)])
             self.node, self.node_id = self._get(self.ranks[0].node.remote())
         except BaseException:
             for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
@@ -135,13 +197,22 @@ class TrainerGroup:
         return self._all("parameter_digest")
 
     def shutdown(self) -> None:
+        if self._pool is not None:
+            try:  # every rank at once: destroying the process group is a collective
+                self._get([r.release.remote() for r in self.ranks])
+            except Exception:  # noqa: BLE001  (a rank that cannot be released is not handed back)
+                for r in self.ranks:
+                    ray.kill(r)
+            else:
+                self._pool.give_back(self.ranks)
+            self.ranks = []
+            return
         for r in self.ranks:
             try:
                 ray.get(r.call.remote("shutdown"), timeout=30)
-                ray.get(r.exit.remote(), timeout=30)
-            except ray.exceptions.RayActorError:  # it exits as asked, or was dead already
+            except ray.exceptions.RayActorError:  # dead already
                 continue
-            except Exception:  # a rank that does not answer is killed
+            except Exception:  # noqa: BLE001  (it does not answer: killed by _end)
                 pass
-            ray.kill(r)
+            _end(r)
         self.ranks = []

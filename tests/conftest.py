@@ -70,6 +70,19 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def rank_pool(ray_cluster):
+    """Trainer-rank processes shared by every TrainerGroup a test builds (`TrainerGroup(spec, pool=rank_pool)`):
+    a group's start here is mostly its ranks importing torch and Megatron, which a pooled rank did once."""
+    from orchestrator.trainer_group import RankPool
+
+    pool = RankPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 HF directory (random init, float32). head_dim is 32: vLLM's CPU attention kernels
     support head sizes 32, 64, 80, ... only."""

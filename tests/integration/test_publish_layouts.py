@@ -76,7 +76,7 @@ LAYOUTS = [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("dense",
 @pytest.mark.parametrize("arch,tp,pp,ep", LAYOUTS,
                          ids=[f"{a}-" + "x".join(f"{k}{n}" for k, n in (("tp", tp), ("pp", pp), ("ep", ep)) if n > 1
                                                    or k == "tp") for a, tp, pp, ep in LAYOUTS])
-def test_published_checkpoint_matches_megatron_logits(ray_cluster, family_dirs, tmp_path, arch, tp, pp, ep):
+def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, family_dirs, tmp_path, arch, tp, pp, ep):
     """Each family in each layout: the checkpoint published right after loading is the model's own, bit for bit
     (HF -> Megatron -> HF), and after training steps the published checkpoint gives Megatron's logits in
     transformers."""
@@ -89,7 +89,7 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, family_dirs, 
     examples = AdditionTask(1).sft_examples(0, 32)
     seqs = [TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples]
     shm = f"/dev/shm/tide-test-publish-{arch}-{tp}-{pp}-{ep}"
-    group = TrainerGroup(_spec(model_dir, tp=tp, pp=pp, ep=ep, micro_batch_size=8))
+    group = TrainerGroup(_spec(model_dir, tp=tp, pp=pp, ep=ep, micro_batch_size=8), pool=rank_pool)
     try:
         loaded = group.publish("layouts", 0, f"{shm}/0000000", shard_bytes=1 << 16)
         losses = [group.train_step(TrainBatch(seqs), mode="sft", lr=1e-2)["loss"] for _ in range(3)]
@@ -147,11 +147,11 @@ def _vllm_serves_the_published_model(whole: Path, hf) -> None:
     assert max(gaps) <= 1e-4, gaps
 
 
-def test_impossible_layout_is_refused_by_name(ray_cluster, tiny_model_dir):
+def test_impossible_layout_is_refused_by_name(ray_cluster, rank_pool, tiny_model_dir):
     from orchestrator.trainer_group import TrainerGroup
 
     with pytest.raises(Exception, match=r"num_key_value_heads \(1\) is not divisible by trainer.parallel.tp \(2\)"):
-        TrainerGroup(_spec(tiny_model_dir, tp=2), timeout_s=300)
+        TrainerGroup(_spec(tiny_model_dir, tp=2), timeout_s=300, pool=rank_pool)
 
 
 def _sft_batch(model_dir):
@@ -162,12 +162,12 @@ def _sft_batch(model_dir):
     return TrainBatch([TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id]) for p, a in examples])
 
 
-def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_dir, tmp_path):
+def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
     from orchestrator.trainer_group import TrainerGroup
 
     batch = _sft_batch(tiny_dense_dir)
     tokens = [s.prompt_ids + s.completion_ids for s in batch.sequences[:3]]
-    tp2 = TrainerGroup(_spec(tiny_dense_dir, tp=2, micro_batch_size=8))
+    tp2 = TrainerGroup(_spec(tiny_dense_dir, tp=2, micro_batch_size=8), pool=rank_pool)
     try:
         for _ in range(2):
             tp2.train_step(batch, mode="sft", lr=1e-2)
@@ -176,7 +176,7 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_di
         next_loss = tp2.train_step(batch, mode="sft", lr=1e-2)["loss"]
     finally:
         tp2.shutdown()
-    pp2 = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=8))
+    pp2 = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=8), pool=rank_pool)
     try:
         pp2.load_checkpoint(str(tmp_path))
         after = pp2.logits(tokens)
@@ -188,16 +188,16 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, tiny_dense_di
     assert resumed_loss == pytest.approx(next_loss, abs=1e-5)  # optimizer state came along
 
 
-def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, tiny_moe_dir, tmp_path):
+def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, rank_pool, tiny_moe_dir, tmp_path):
     from orchestrator.trainer_group import TrainerGroup
 
-    ep2 = TrainerGroup(_spec(tiny_moe_dir, ep=2))
+    ep2 = TrainerGroup(_spec(tiny_moe_dir, ep=2), pool=rank_pool)
     try:
         ep2.train_step(_sft_batch(tiny_moe_dir), mode="sft")
         ep2.save_checkpoint(str(tmp_path))
     finally:
         ep2.shutdown()
-    ep1 = TrainerGroup(_spec(tiny_moe_dir, ep=1))
+    ep1 = TrainerGroup(_spec(tiny_moe_dir, ep=1), pool=rank_pool)
     try:
         with pytest.raises(Exception, match="cannot reshard its optimizer state into tp=1 pp=1 ep=1"):
             ep1.load_checkpoint(str(tmp_path))
@@ -205,7 +205,7 @@ def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, tiny_moe_dir,
         ep1.shutdown()
 
 
-def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, tiny_dense_dir, tmp_path):
+def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
     """dp2 x tp2 takes the same RL steps as dp1 x tp2 on the same global batch (Kimi loss, log-probs of a
     tempered, nucleus-truncated distribution, so the TP-gathered path runs), and its checkpoint loads into dp1."""
     from orchestrator.trainer_group import TrainerGroup
@@ -217,7 +217,7 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, tiny_dense_
     tokens = [s.prompt_ids + s.completion_ids for s in seqs[:3]]
     out = {}
     for dp in (2, 1):
-        group = TrainerGroup(_spec(tiny_dense_dir, dp=dp, tp=2, micro_batch_size=2, loss="kimi"))
+        group = TrainerGroup(_spec(tiny_dense_dir, dp=dp, tp=2, micro_batch_size=2, loss="kimi"), pool=rank_pool)
         try:
             assert len(group.ranks) == dp * 2
             losses = [group.train_step(batch, lr=1e-2, updates=2)["loss"] for _ in range(2)]
@@ -239,7 +239,7 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, tiny_dense_
     assert max(abs(x - y) for p, q in zip(out[2][2], out[1][2]) for x, y in zip(p, q)) <= 1e-5
 
 
-def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, tiny_dense_dir):
+def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, rank_pool, tiny_dense_dir):
     """train_step's `behaviour_gap` (the every-iteration log-prob check) compares the trainer's log-probs of the
     first mini-batch, on the weights it had before the step, with the batch's: a stage that is not the last
     (pp2) reports nothing of its own, later mini-batches do not count, and the trainer's own log-probs give ~0."""
@@ -254,7 +254,7 @@ def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, ti
                                                                           for x in lp], reward=float(i % 2), group=i // 4)
                            for i, (s, lp) in enumerate(zip(base, own))], dist)
 
-    group = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=4))
+    group = TrainerGroup(_spec(tiny_dense_dir, pp=2, micro_batch_size=4), pool=rank_pool)
     try:
         plain = TrainBatch(base, dist)
         shifted = group.train_step(batch(group.logprobs(plain), 0.05, 1.0), lr=1e-2, updates=2)
@@ -265,7 +265,7 @@ def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, ti
     assert own["behaviour_gap"] <= 1e-6
 
 
-def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, tiny_dense_dir, tmp_path):
+def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
     """GRPO with two epochs and an entropy bonus takes the same steps on tp1 and on tp2, where the raw
     distribution's log-probs and entropy are computed over the vocabulary split across the ranks (all-reduced
     partial sums, not gathered logits); the reported entropy is that of the model's softmax at the completion
@@ -288,7 +288,8 @@ def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, tiny_dens
 
     runs, after = {}, {}
     for tp in (1, 2):
-        group = TrainerGroup(_spec(tiny_dense_dir, tp=tp, micro_batch_size=4, loss="grpo", entropy_coef=0.01))
+        group = TrainerGroup(_spec(tiny_dense_dir, tp=tp, micro_batch_size=4, loss="grpo", entropy_coef=0.01),
+                             pool=rank_pool)
         try:
             batch = rl_batch(group)
             want = expected_entropy(group)

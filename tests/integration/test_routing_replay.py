@@ -45,12 +45,12 @@ def rollout(ray_cluster, moe_dir):
 
 
 @pytest.fixture(scope="module")
-def ranks(ray_cluster, moe_dir):
+def ranks(ray_cluster, rank_pool, moe_dir):
     from orchestrator.trainer_group import TrainerGroup
 
     trainer = TrainerConfig(parallel=ParallelConfig(ep=2), loss="kimi", micro_batch_size=16,
                             moe=MoEConfig(routing_replay="rollout"))
-    group = TrainerGroup(TrainerSpec(hf_dir=str(moe_dir), trainer=trainer, dtype=DTYPE))
+    group = TrainerGroup(TrainerSpec(hf_dir=str(moe_dir), trainer=trainer, dtype=DTYPE), pool=rank_pool)
     try:
         yield group
     finally:

@@ -50,14 +50,14 @@ class MegatronWorker:
 
         self.spec, self.rank, self.world_size = spec, rank, world_size
         torch.manual_seed(spec.seed)
-        if spec.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        # set either way: a process may hold another worker before this one (RankPool)
+        torch.use_deterministic_algorithms(spec.deterministic, warn_only=True)
         if t.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(t.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(minutes=10))
         ps.initialize_model_parallel(t.parallel.tp, t.parallel.pp, expert_model_parallel_size=t.parallel.ep)
-        model_parallel_cuda_manual_seed(spec.seed)
+        model_parallel_cuda_manual_seed(spec.seed, force_reset_rng=True)
         self.ps = ps
         self.hf_config = AutoConfig.from_pretrained(spec.hf_dir)
         self.dtype = _DTYPES[spec.dtype]
@@ -633,7 +633,10 @@ class MegatronWorker:
         return h.hexdigest()
 
     def shutdown(self) -> None:
+        """Tear down Megatron's parallel state and the process group, so that the process can exit or build
+        another worker (orchestrator.trainer_group.RankPool), as Megatron's own tests do between cases."""
         import torch.distributed as dist
 
+        self.ps.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
