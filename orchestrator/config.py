@@ -29,6 +29,7 @@ from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
 from orchestrator.wandb_log import WandbConfig
 from rollout.config import RolloutConfig, TaskConfig
+from trainer.batch import TokenDistribution
 from trainer.config import TrainerConfig
 from trainer.jax.config import JaxConfig
 from trainer.tiny_model import TinyModelConfig
@@ -97,16 +98,28 @@ class SandboxSection(Strict):
 
 class EvalConfig(Strict):
     """The eval phase on held-out problems (orchestrator/evaluation.py): greedy pass@1, unbiased pass@k for k in
-    {1, n_samples} at `temperature`, mean reward; every `every` iterations (0: never)."""
+    {1, n_samples} of completions sampled from `sampling(rollout)` (by default the run's own distribution), mean
+    reward; every `every` iterations (0: never)."""
 
     every: int = Field(0, ge=0, description="Run the eval phase every this many iterations; 0: never.")
     prompts: int = Field(64, gt=0, description="Held-out problems per eval: the first rows of task.eval_path, or a "
                          "fixed stream of the task that training never draws.")
     n_samples: int = Field(4, gt=0, description="Sampled completions per problem, for sampled pass@1 and "
                            "pass@n_samples (greedy pass@1 takes one more).")
-    temperature: float = Field(1.0, gt=0, description="Temperature of the sampled completions.")
+    temperature: float | None = Field(None, gt=0, description="Temperature of the sampled completions; null: "
+                                      "rollout.temperature (the distribution the run trains on).")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus of the sampled completions; null: "
+                                "rollout.top_p.")
+    top_k: int | None = Field(None, ge=0, description="Top-k of the sampled completions (0: all); null: "
+                              "rollout.top_k.")
     max_new_tokens: int | None = Field(None, gt=0, description="Completion length cap of the eval; null: "
                                        "rollout.max_new_tokens.")
+
+    def sampling(self, rollout: RolloutConfig) -> TokenDistribution:
+        """The distribution the eval's sampled completions come from: each field unset here is the run's."""
+        return TokenDistribution(temperature=rollout.temperature if self.temperature is None else self.temperature,
+                                 top_p=rollout.top_p if self.top_p is None else self.top_p,
+                                 top_k=rollout.top_k if self.top_k is None else self.top_k)
 
 
 class LoggingConfig(Strict):

@@ -95,7 +95,7 @@ OTHER_NAMES: tuple[OtherName, ...] = (
     _verl(f"{_ACTOR}.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size"),
     _verl(f"{_ACTOR}.use_kl_loss", "trainer.kl.coef", "false is coef 0"),
     _verl(f"{_ACTOR}.kl_loss_coef", "trainer.kl.coef"),
-    _verl(f"{_ACTOR}.kl_loss_type", "trainer.kl.estimator", "kl: k1; mse: k2; low_var_kl: k3"),
+    _verl(f"{_ACTOR}.kl_loss_type", "trainer.kl.estimator", "kl: k1 (refused as a loss: its expected gradient is 0); mse: k2; low_var_kl: k3"),
     _verl(f"{_ACTOR}.clip_ratio", "trainer.clip_eps"),
     _verl(f"{_ACTOR}.clip_ratio_low", "trainer.clip_eps_low"),
     _verl(f"{_ACTOR}.clip_ratio_high", "trainer.clip_eps_high"),

@@ -3,7 +3,8 @@ training never uses), scored after the weight sync of every `every`-th iteration
 - `eval/pass@1`: greedy decoding, the fraction of problems solved (reward 1);
 - `eval/pass@k` for k in {1, n_samples} (`eval/sampled_pass@1`, `eval/pass@<n>`): the unbiased estimator of
   Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374, eq. 1) from
-  n_samples completions per problem at `eval.temperature`;
+  n_samples completions per problem sampled from `eval.temperature`, `top_p`, `top_k` (each unset one: the
+  run's own `rollout.*`: EvalConfig.sampling);
 - `eval/reward_mean`: the mean reward of those sampled completions."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from math import comb
 from typing import TYPE_CHECKING
 
 from orchestrator.config import EvalConfig
+from rollout.config import RolloutConfig
 from rollout.samples import Samples
 from rollout.tasks import Problem, Task
 from trainer.batch import TokenDistribution
@@ -38,12 +40,13 @@ def held_out_problems(task: Task, seed: int, n: int) -> list[Problem]:
     return problems if problems is not None else task.problems(seed + EVAL_STREAM, 0, n)
 
 
-def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: EvalConfig, max_new_tokens: int,
+def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: EvalConfig, run: RolloutConfig,
              seed: int) -> dict[str, float]:
-    tokens = cfg.max_new_tokens or max_new_tokens
+    """`run`: the run's rollout settings (the completion length and, where `cfg` leaves them unset, the
+    sampled completions' temperature, top_p and top_k: EvalConfig.sampling)."""
+    tokens = cfg.max_new_tokens or run.max_new_tokens
     greedy = rollout.generate(problems, 1, tokens, TokenDistribution(temperature=0.0), seed)
-    sampled = rollout.generate(problems, cfg.n_samples, tokens, TokenDistribution(temperature=cfg.temperature),
-                               seed)
+    sampled = rollout.generate(problems, cfg.n_samples, tokens, cfg.sampling(run), seed)
     greedy_rewards, sampled_rewards = _rewards(task, problems, greedy), _rewards(task, problems, sampled)
     solved = [0] * len(problems)
     for s, r in zip(sampled, sampled_rewards):

@@ -87,7 +87,7 @@ def run_iterations(s: Session) -> None:
             if cfg.eval.every and it % cfg.eval.every == 0:
                 with run.phase(it, "eval"):
                     progress.update(bar, description=f"{cfg.name} · eval")
-                    evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, r.max_new_tokens,
+                    evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, r,
                                           sampling_seed(cfg.seed + EVAL_STREAM, it))
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})

@@ -39,8 +39,19 @@ class KLConfig(_Strict):
     coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) in the loss, the reference "
                         "being the frozen policy RL starts from; 0: no reference model is built.")
     estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Schulman's KL estimator, with r the log-ratio reference / policy per token: k1 = -r, "
-        "k2 = r^2 / 2, k3 = exp(r) - 1 - r (unbiased and never negative).")
+        "k3", description="Schulman's KL estimator, with r the log-ratio reference / policy per token: k2 = r^2 / "
+        "2 (its gradient is that of KL(policy || reference)) or k3 = exp(r) - 1 - r (unbiased and never negative; "
+        "its gradient is that of KL(reference || policy)); k1 = -r is refused: as a loss its expected gradient "
+        "is 0. Both sides are the tempered softmax over the whole vocabulary, also under top_p / top_k.")
+
+    @model_validator(mode="after")
+    def _k1_does_not_regularise(self) -> "KLConfig":
+        if self.coef > 0 and self.estimator == "k1":
+            raise ValueError(
+                "trainer.kl.estimator: k1 as a loss does not regularise (on tokens sampled from the policy its "
+                "expected gradient is E[grad log pi] = 0); use k3 (unbiased; its gradient is that of "
+                "KL(reference || policy)) or k2 (its gradient is that of KL(policy || reference))")
+        return self
 
 
 class MoEConfig(_Strict):

@@ -36,6 +36,18 @@ w_t = min(pi_old(y_t) / pi_rollout(y_t), C), detached. For `kimi` the weight mul
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
 k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
 objective), aggregated like the policy loss otherwise.
+- The distributions: both sides' tempered softmax over the whole vocabulary (`sampling.kl_distribution`, veRL's
+  choice for its KL term), also when the rollout samples from a top-p / top-k set. The policy-gradient terms use
+  the truncated distribution that was sampled; a reference truncated to its own nucleus with the sampled token
+  forced in is no distribution (its values summed over the vocabulary exceed 1) and understates the penalty
+  exactly where the policy drifts to tokens the reference would not sample. The tokens still come from the
+  truncated policy, so the estimate weighs the tokens of the kept set (as veRL's does).
+- The gradients, used as a loss on tokens sampled from pi with the sampling not differentiated (Tang & Munos
+  2025, "On a few pitfalls in KL divergence gradient estimation for RL"): E[grad k1] = E[grad log pi] = 0, so k1
+  does not regularise and is refused as a loss (trainer/config.py); E[grad k2] = E[(log pi - log pi_ref) grad
+  log pi] = grad KL(pi || pi_ref); E[grad k3] = E[(1 - pi_ref / pi) grad log pi] = grad KL(pi_ref || pi), the
+  forward divergence, not the reverse one its value estimates. tests/trainer/test_losses.py checks all three
+  against the exact gradients on a small vocabulary.
 
 `trainer.entropy_coef` subtracts coef x H(pi(.|x, y_<t)) from the loss, H the entropy of the sampling
 distribution at each completion position, aggregated like the KL term: entropy regularisation (Williams & Peng
@@ -173,16 +185,20 @@ def masked_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Ten
 
 def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
                 n_seqs: int, n_tokens: int, ref_logp: torch.Tensor | None = None,
-                is_weight: torch.Tensor | None = None, entropy: torch.Tensor | None = None) -> torch.Tensor:
+                is_weight: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
+                kl_logp: torch.Tensor | None = None) -> torch.Tensor:
     """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts),
     plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required) and minus the entropy bonus
     when `spec.entropy_coef` > 0 (then `entropy` [B, T], differentiable, is required); `is_weight` [B, T]:
-    truncated importance weights (`tis_weights`) on the policy-gradient term."""
+    truncated importance weights (`tis_weights`) on the policy-gradient term. `kl_logp`: the policy's
+    differentiable log-probs under the KL term's distribution (`sampling.kl_distribution`), where it differs
+    from the sampled one `logp` is taken under (top-p / top-k); `ref_logp` is under that distribution too."""
     loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens, is_weight)
     if spec.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("trainer.kl.coef > 0 needs the reference policy's log-probs")
-        kl = kl_estimate(logp, masked_reference(logp, ref_logp, mask), spec.kl_estimator)
+        kl_logp = logp if kl_logp is None else kl_logp
+        kl = kl_estimate(kl_logp, masked_reference(kl_logp, ref_logp, mask), spec.kl_estimator)
         loss = loss + spec.kl_coef * aggregate(kl, mask, spec.kl_agg, n_seqs, n_tokens)
     if spec.entropy_coef > 0:
         if entropy is None:

@@ -37,6 +37,12 @@ def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return flat.scatter(-1, logits_idx, logits_sort).reshape(shape)
 
 
+def kl_distribution(dist: TokenDistribution) -> TokenDistribution:
+    """The distribution `trainer.kl` compares policy and reference under: `dist`'s temperature over the whole
+    vocabulary, without its top-k / top-p truncation (a proper distribution on both sides; trainer/losses.py)."""
+    return TokenDistribution(temperature=dist.temperature)
+
+
 def processed_logits(logits: torch.Tensor, labels: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
     """`dist`'s logits over the full vocabulary [..., V]: divided by the temperature, -inf outside the kept
     top-k / top-p set (which always holds the sampled `labels`); differentiable where finite."""

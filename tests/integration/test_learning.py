@@ -39,7 +39,9 @@ def test_quickstart_job_learns(tmp_path, address, config):
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == cfg["iterations"]
-    assert max(m["logprob_gap"] for m in metrics) <= cfg["rollout"]["max_logprob_gap"]
+    # exit 0 implies every gap within rollout.max_logprob_gap (1e-4); the values themselves: float32 engine and
+    # trainer log-probs ~1e-7 apart (at most 6.6e-7 measured), never exactly equal
+    assert 0 < min(m["logprob_gap"] for m in metrics) and max(m["logprob_gap"] for m in metrics) <= 1e-5
     first = sum(m["reward_mean"] for m in metrics[:2]) / 2
     last = sum(m["reward_mean"] for m in metrics[-2:]) / 2
     print(f"{config}: reward {first:.3f} -> {last:.3f}, max gap {max(m['logprob_gap'] for m in metrics):.2e}")

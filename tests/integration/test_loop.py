@@ -19,6 +19,11 @@ TIDE = [sys.executable, "-m", "orchestrator.cli"]
 pytestmark = pytest.mark.slow
 
 
+# float32 engine and trainer log-probs of the same tokens: measured ~1e-7 apart (docs/models.md: at most 6.6e-7),
+# 100x below the run's own bound of 1e-4, which exit 0 already implies
+FP32_GAP = 1e-5
+
+
 def _config(name: str, address: str, **over) -> dict:
     cfg = {
         "name": name, "seed": 3, "deterministic": True, "iterations": 4, "save_every": 2,
@@ -76,7 +81,9 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
     metrics = _metrics(reference_run)
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
-        assert m["logprob_gap"] <= 1e-4, m
+        # exit 0 already means gap <= the bound: what it is made of is checked instead, the trainer's and vLLM's
+        # own float32 log-probs, ~1e-7 apart (not 0: an old_log_probs that copied the rollout's would give 0)
+        assert 0 < m["logprob_gap"] <= FP32_GAP, m
         assert 0.0 <= m["reward_mean"] <= 1.0
     timings = [json.loads(l) for l in (reference_run / "timings.jsonl").read_text().splitlines()]
     phases = {(t["iteration"], t["phase"]) for t in timings}
@@ -96,7 +103,9 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
         keys = {"eval/pass@1", "eval/sampled_pass@1", "eval/pass@3", "eval/reward_mean"}
         assert keys <= m.keys() if m["iteration"] % 2 == 0 else not keys & m.keys()
         if m["iteration"] % 2 == 0:
-            assert 0 <= m["eval/sampled_pass@1"] <= m["eval/pass@3"] <= 1 and 0 <= m["eval/pass@1"] <= 1
+            # rewards are 0 or 1: the unbiased pass@1 of n samples is their mean reward (pass@k's counts)
+            assert m["eval/sampled_pass@1"] == pytest.approx(m["eval/reward_mean"], abs=1e-9)
+            assert 0 <= m["eval/pass@1"] <= 1 and 0 <= m["eval/pass@3"] <= 1
     assert (reference_run / "tb").is_dir() and any((reference_run / "tb").iterdir())
     assert all(t["bytes"] > 0 for t in timings if t["phase"] in ("publish", "sync"))
     for m in metrics:  # what a TRL / veRL user reads (kimi's loss: no clipping, so no clip fractions)
@@ -203,7 +212,11 @@ def test_finished_run_extends_exactly(tmp_path, address):
     assert json.loads((short / "final.json").read_text()) == json.loads((full / "final.json").read_text())
     for m in metrics:
         assert 0 < m["logprob_gap"] <= DEFAULT_LOGPROB_GAP["bfloat16"], m
-        assert 0 < m["tis_weight_mean"] <= 2.0 and m["tis_ratio_max"] > 0 and 0 <= m["tis_clipped_frac"] <= 1, m
+        # the weights are exp(trainer - vLLM) of the same tokens the gap averages |trainer - vLLM| over (one
+        # mini-batch: the same tokens): |mean w - 1| <= mean |exp(d) - 1| <= e^max|d| x gap, and not exactly 1
+        # (bfloat16 kernels differ); the cap 2 is never reached at these gaps
+        assert 0 < abs(m["tis_weight_mean"] - 1) <= 3 * m["logprob_gap"], m
+        assert m["tis_clipped_frac"] == 0 and 1 < m["tis_ratio_max"] < 2, m
     timings = [json.loads(l) for l in (short / "timings.jsonl").read_text().splitlines()]
     assert {t["iteration"] for t in timings if t["phase"] == "old_logprobs"} == {1, 2, 3}
     refused = _tide("resume", short, "--iterations", 3, timeout=120)
@@ -233,7 +246,7 @@ def test_restart_mode_survives_engine_kill_mid_rollout(tmp_path, address):
     assert proc.returncode == 0, err[-4000:]
     metrics = _metrics(run_dir)
     assert [m["iteration"] for m in metrics] == [1, 2]
-    assert all(m["logprob_gap"] <= 1e-4 for m in metrics), metrics
+    assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
 
 
 def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
@@ -259,7 +272,7 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
         metrics = _metrics(tmp_path / "run")
         assert [m["iteration"] for m in metrics] == [1, 2]
         for m in metrics:
-            assert m["logprob_gap"] <= 1e-4
+            assert 0 < m["logprob_gap"] <= FP32_GAP
             assert m["transfer_bytes"] > 0 and m["transfer_seconds"] > 0
             assert 0 <= m["reward/math"] <= 1 and 0 <= m["reward/answer_only"] <= 1
             assert m["excluded"] == 0  # `math` scores every sample; answer_only skips subtractions only
@@ -281,7 +294,7 @@ def test_tensor_parallel_trainer_feeds_vllm_through_merged_shards(tmp_path, addr
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _metrics(tmp_path / "run")
     assert [m["iteration"] for m in metrics] == [1, 2]
-    assert all(m["logprob_gap"] <= 1e-4 for m in metrics), metrics
+    assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
 
 
 

@@ -206,22 +206,45 @@ def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, rank_pool, ti
 
 
 def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
-    """dp2 x tp2 takes the same RL steps as dp1 x tp2 on the same global batch (Kimi loss, log-probs of a
-    tempered, nucleus-truncated distribution, so the TP-gathered path runs), and its checkpoint loads into dp1."""
+    """dp2 x tp2 takes the same RL steps as dp1 x tp2 on the same global batch (Kimi loss with a k3 KL term,
+    log-probs of a tempered, nucleus-truncated distribution, so the TP-gathered path runs), also where the
+    batch does not divide: 11 sequences in 2 mini-batches give the replicas 3 and 2, then 3 and 3 sequences
+    (2 and 1 micro-batches of 2 before placeholders evened them), a 3-sequence batch in 2 mini-batches leaves
+    one replica without any, and so does a supervised step (the warm start) on one sequence. Its checkpoint loads into dp1. The reference's log-probs are those of the
+    whole tempered vocabulary (the KL term's distribution), not of its own nucleus."""
     from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.batches import attach_reference_logprobs
 
     base = _sft_batch(tiny_dense_dir)
+    dist = TokenDistribution(temperature=0.7, top_p=0.9)
     seqs = [TrainSequence(s.prompt_ids, s.completion_ids, [-1.0] * len(s.completion_ids), reward=float(i % 3 == 0),
-                          group=i // 4) for i, s in enumerate(base.sequences)]
-    batch = TrainBatch(seqs, TokenDistribution(temperature=0.7, top_p=0.9))
+                          group=i // 4) for i, s in enumerate(base.sequences[:11])]
+    batch = TrainBatch(seqs, dist)
+    three = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, [-1.0] * len(s.completion_ids),
+                                      reward=float(i == 0), group=0) for i, s in enumerate(base.sequences[11:14])], dist)
     tokens = [s.prompt_ids + s.completion_ids for s in seqs[:3]]
     out = {}
     for dp in (2, 1):
-        group = TrainerGroup(_spec(tiny_dense_dir, dp=dp, tp=2, micro_batch_size=2, loss="kimi"), pool=rank_pool)
+        group = TrainerGroup(_spec(tiny_dense_dir, dp=dp, tp=2, micro_batch_size=2, loss="kimi",
+                                   kl={"coef": 0.05, "estimator": "k3"}), pool=rank_pool)
         try:
             assert len(group.ranks) == dp * 2
-            losses = [group.train_step(batch, lr=1e-2, updates=2)["loss"] for _ in range(2)]
-            out[dp] = (losses, group.logits(tokens), group.logprobs(batch))
+            ref = group.logprobs(batch, reference=True)
+            if dp == 2:  # the reference (the policy as loaded) under softmax(logits / 0.7) over every token
+                for s, lp, logits in zip(seqs, ref, group.logits([s.prompt_ids + s.completion_ids for s in seqs])):
+                    p = len(s.prompt_ids)
+                    full = (logits[p - 1:-1] / 0.7).log_softmax(-1).gather(-1, torch.tensor(s.completion_ids)[:, None])
+                    torch.testing.assert_close(torch.tensor(lp), full.squeeze(-1), rtol=0, atol=1e-5)
+                own = group.logprobs(batch)  # the policy's truncated distribution puts more on each kept token
+                assert max(a - b for x, y in zip(own, ref) for a, b in zip(x, y)) > 1e-3
+            attach_reference_logprobs(batch, ref)
+            attach_reference_logprobs(three, group.logprobs(three, reference=True))
+            # one mini-batch (kl_ref measured before its update), then two of 6 and 5 sequences
+            steps = [group.train_step(batch, lr=1e-2, updates=1), group.train_step(batch, lr=1e-2, updates=2)]
+            steps.append(group.train_step(three, lr=1e-2, updates=2))
+            steps.append(group.train_step(TrainBatch(three.sequences[:1]), mode="sft", lr=1e-2))
+            out[dp] = ([st["loss"] for st in steps], group.logits(tokens), group.logprobs(batch),
+                       [steps[0]["kl_ref"], steps[1]["kl_ref"]])
             if dp == 2:
                 group.save_checkpoint(str(tmp_path))
             else:
@@ -230,6 +253,9 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, rank_pool, 
         finally:
             group.shutdown()
     assert out[2][0] == pytest.approx(out[1][0], abs=1e-5)
+    for dp in (2, 1):  # KL(pi, pi) = 0 before the first update; the policy then moves away from the reference
+        first, second = out[dp][3]
+        assert first == pytest.approx(0.0, abs=1e-7) and second > 1e-6, out[dp][3]
     for a, b, c in zip(out[2][1], out[1][1], resharded):
         # float32 summation order differs between the layouts and Adam amplifies it for near-zero gradients:
         # after two steps the logits agree to 1.2e-5 on this CPU (at a logit of 0.165; the same on the code before

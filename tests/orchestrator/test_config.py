@@ -441,3 +441,15 @@ def test_version():
 
     proc = _cli("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"tide {version('tide')}", proc.stderr
+
+
+def test_eval_samples_the_runs_distribution_unless_told_otherwise():
+    """eval's sampled pass@k used temperature 1 over the whole vocabulary whatever the run sampled from; each
+    field it leaves unset is now the run's own."""
+    from trainer.batch import TokenDistribution
+
+    cfg = parse_config({**_base(), "rollout": {"temperature": 0.7, "top_p": 0.9, "top_k": 20}})
+    assert cfg.eval.sampling(cfg.rollout) == TokenDistribution(temperature=0.7, top_p=0.9, top_k=20)
+    told = parse_config({**_base(), "rollout": {"temperature": 0.7, "top_p": 0.9},
+                         "eval": {"every": 1, "temperature": 1.0, "top_k": 5}})
+    assert told.eval.sampling(told.rollout) == TokenDistribution(temperature=1.0, top_p=0.9, top_k=5)

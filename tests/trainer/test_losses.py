@@ -6,6 +6,7 @@ import torch
 
 from trainer.losses import (LossSpec, advantages, aggregate, clipped_token_loss, kimi_sequence_loss, kimi_token_loss,
                             length_reward, policy_loss)
+from trainer.batch import TokenDistribution
 from trainer.lr_schedule import LRSchedule, lr_at
 
 
@@ -167,6 +168,97 @@ def test_lr_schedule_by_hand():
     assert [lr_at(0.3, LRSchedule(), it, 5) for it in (1, 5)] == [0.3, 0.3]
 
 
+def _expected_kl_loss_gradients(theta: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """The exact expected gradient of a KL estimator used as a loss: sum over every token y of pi(y) (sampling,
+    not differentiated) times grad k(y), through trainer.losses.kl_estimate."""
+    from trainer.losses import kl_estimate
+
+    theta = theta.clone().requires_grad_(True)
+    logp = theta.log_softmax(-1)
+    vocab = torch.arange(theta.numel())
+    per_token = kl_estimate(logp[vocab][None], ref_logp[vocab][None], estimator)[0]
+    (per_token * logp.exp().detach()).sum().backward()
+    return theta.grad
+
+
+@pytest.mark.parametrize("estimator,divergence", [("k1", None), ("k2", "reverse"), ("k3", "forward")])
+def test_kl_estimator_gradients_follow_the_named_divergence(estimator, divergence):
+    """Tang & Munos 2025: as a loss on tokens sampled from pi, k1's expected gradient is 0, k2's is that of
+    KL(pi || ref) and k3's that of KL(ref || pi), exactly, over a 6-token vocabulary; the divergences' own
+    gradients by autograd, and checked by central finite differences."""
+    torch.manual_seed(0)
+    theta = torch.randn(6, dtype=torch.float64)
+    ref_logp = (torch.randn(6, dtype=torch.float64) * 1.5).log_softmax(-1)
+
+    def reverse(t):
+        lp = t.log_softmax(-1)
+        return (lp.exp() * (lp - ref_logp)).sum()
+
+    def forward(t):
+        return (ref_logp.exp() * (ref_logp - t.log_softmax(-1))).sum()
+
+    got = _expected_kl_loss_gradients(theta, ref_logp, estimator)
+    if divergence is None:
+        assert got.abs().max().item() < 1e-12
+        return
+    fn = reverse if divergence == "reverse" else forward
+    t = theta.clone().requires_grad_(True)
+    fn(t).backward()
+    torch.testing.assert_close(got, t.grad, rtol=1e-10, atol=1e-12)
+    h = 1e-6
+    finite = torch.stack([(fn(theta + h * e) - fn(theta - h * e)) / (2 * h) for e in torch.eye(6, dtype=torch.float64)])
+    torch.testing.assert_close(got, finite, rtol=1e-6, atol=1e-8)
+    other = forward if divergence == "reverse" else reverse  # and not the other divergence's
+    t = theta.clone().requires_grad_(True)
+    other(t).backward()
+    assert (got - t.grad).abs().max().item() > 1e-3
+
+
+def test_kl_under_top_p_compares_proper_distributions():
+    """With top-p sampling the KL term's log-probs are those of the whole tempered vocabulary on both sides:
+    the reference's values sum to 1 over the vocabulary (its own nucleus with the sampled token forced in, as
+    tide computed it before, sums to more), KL(pi, pi) = 0 and the estimate grows as the policy leaves the
+    reference."""
+    from trainer.losses import kl_estimate
+    from trainer.sampling import kl_distribution, token_logprobs
+
+    torch.manual_seed(1)
+    vocab = 12
+    ref_logits = torch.randn(vocab) * 2
+    sampled = TokenDistribution(temperature=0.7, top_p=0.5)
+    kl_dist = kl_distribution(sampled)
+    assert (kl_dist.temperature, kl_dist.top_p, kl_dist.top_k) == (0.7, 1.0, 0)
+
+    def values(dist):  # the reference's probability of each token, had it been the one sampled
+        labels = torch.arange(vocab)
+        return token_logprobs(ref_logits.expand(vocab, vocab), labels, dist).exp()
+
+    assert values(kl_dist).sum().item() == pytest.approx(1.0, abs=1e-6)
+    assert values(sampled).sum().item() > 1.2  # the forced-in nucleus: no distribution
+
+    def expected_kl(policy_logits):  # E_{y ~ pi}[k3] under the KL term's distribution: KL(pi || ref) exactly
+        labels = torch.arange(vocab)
+        pol = token_logprobs(policy_logits.expand(vocab, vocab), labels, kl_dist)
+        ref = token_logprobs(ref_logits.expand(vocab, vocab), labels, kl_dist)
+        return (kl_estimate(pol, ref, "k3") * pol.exp()).sum().item()
+
+    assert expected_kl(ref_logits) == pytest.approx(0.0, abs=1e-7)
+    drift = torch.randn(vocab)
+    kls = [expected_kl(ref_logits + a * drift) for a in (0.0, 0.5, 1.0, 2.0)]
+    assert all(b > a for a, b in zip(kls, kls[1:])), kls
+
+
+def test_k1_as_a_loss_is_refused_with_a_hint():
+    from pydantic import ValidationError
+
+    from trainer.config import KLConfig
+
+    with pytest.raises(ValidationError, match=r"k1 as a loss does not regularise.*use k3.*or k2"):
+        KLConfig(coef=0.05, estimator="k1")
+    assert KLConfig(coef=0.0, estimator="k1").estimator == "k1"  # no KL term: nothing to refuse
+    KLConfig(coef=0.05, estimator="k2")
+
+
 def test_kl_estimators_by_hand():
     """Schulman's k1, k2, k3 with r = log pi_ref - log pi."""
     from trainer.losses import kl_estimate
@@ -192,6 +284,20 @@ def test_kl_term_by_hand():
     assert policy_loss(kimi, logp, old, mask, adv, 2, 3, ref).item() == pytest.approx(0.5 * 0.6)
     with pytest.raises(ValueError, match="reference"):
         policy_loss(grpo, logp, old, mask, adv, 2, 3)
+
+
+def test_kl_term_takes_the_policy_under_the_kl_distribution():
+    """Under top-p the KL term reads `kl_logp` (the whole tempered vocabulary), the surrogate `logp` (the
+    sampled, truncated distribution): k3 of kl_logp against ref, by hand, and its gradient reaches kl_logp only."""
+    logp = torch.tensor([[-0.5, -0.25]], requires_grad=True)  # truncated: each kept token more likely
+    kl_logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0]])  # r = -0.5, 0 against kl_logp
+    mask, adv = torch.ones(1, 2), torch.zeros(1)
+    spec = LossSpec("grpo", kl_coef=0.5, kl_estimator="k3")
+    loss = policy_loss(spec, logp, logp.detach(), mask, adv, 1, 2, ref, kl_logp=kl_logp)
+    assert loss.item() == pytest.approx(0.5 * (math.exp(-0.5) - 1 + 0.5) / 2)
+    loss.backward()
+    assert logp.grad.abs().sum().item() == 0 and kl_logp.grad.abs().sum().item() > 0
 
 
 def test_kl_ignores_placeholders_outside_the_mask():

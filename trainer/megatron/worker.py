@@ -15,7 +15,7 @@ import torch
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
 from trainer.losses import advantages, clip_counts, kl_estimate, masked_reference, policy_loss, tis_weights
-from trainer.sampling import entropy, entropy_from_partials, entropy_partials, processed_logits
+from trainer.sampling import entropy, entropy_from_partials, entropy_partials, kl_distribution, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
 ENTROPY_CHUNK = 1024  # positions per piece of the entropy metric
@@ -176,29 +176,45 @@ class MegatronWorker:
                 p.copy_(src.to(p.dtype))
 
     # ---- batches ----------------------------------------------------------------------------
-    def _dp_slice(self, seqs: list[TrainSequence]) -> list[int]:
-        dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
-        return list(range(len(seqs)))[r::dp]
+    def _micro_batches(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
+                       split: bool = True):
+        """This rank's micro-batches of `chunk` (its data-parallel share when `split`): padded [b, seq_len]
+        tensors; position t predicts token t + 1, so a completion's per-token fields (mask, log-probs) sit at
+        the positions from len(prompt) - 1 on.
 
-    def _micro_batches(self, seqs: list[TrainSequence], idx: list[int], adv: torch.Tensor | None, seq_len: int):
-        """Padded [b, seq_len] tensors per micro-batch; position t predicts token t + 1, so a completion's
-        per-token fields (mask, log-probs) sit at the positions from len(prompt) - 1 on."""
+        Every data-parallel rank runs the same number of micro-batches of the same b rows, also when the chunk
+        does not divide (dropped samples, a warm-start batch dp does not divide, 3 sequences on dp2): a rank
+        short of sequences fills rows with placeholders (a copy of the chunk's first sequence, mask 0, index -1),
+        which add nothing to the loss, its gradient or any statistic. A rank with fewer micro-batches would
+        leave the others waiting in the gradient all-reduce, the expert-parallel token exchange of every forward
+        (EP groups span data-parallel ranks) or, with rows of another count, in the pipeline's fixed-shape
+        send/receive."""
+        dp, r = (self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()) if split else (1, 0)
+        idx = chunk[r::dp]
+        widest = -(-len(chunk) // dp)  # rank 0's share: the largest
+        rows_per_mb = max(1, min(self.spec.trainer.micro_batch_size, widest))
+        n_mbs = -(-widest // rows_per_mb)
+        idx = idx + [-1] * (n_mbs * rows_per_mb - len(idx))
+        stand_in = seqs[chunk[0]]
+
+        def seq(i: int) -> TrainSequence:
+            return seqs[i] if i >= 0 else stand_in
+
         def rows(chosen: list[int], field) -> list[list]:
             out = []
             for i in chosen:
-                s = seqs[i]
+                s = seq(i)
                 p, c = len(s.prompt_ids), len(s.completion_ids)
-                values = field(s) or [0.0] * c
+                values = (field(s) or [0.0] * c) if i >= 0 else [0.0] * c
                 out.append([0.0] * (p - 1) + list(values) + [0.0] * (seq_len - p + 1 - c))
             return out
 
         from trainer.megatron.routing_replay import micro_batch_routing
 
         mbs = []
-        step = self.spec.trainer.micro_batch_size
-        for start in range(0, len(idx), step):
-            chosen = idx[start:start + step]
-            full = [seqs[i].prompt_ids + seqs[i].completion_ids for i in chosen]
+        for start in range(0, len(idx), rows_per_mb):
+            chosen = idx[start:start + rows_per_mb]
+            full = [seq(i).prompt_ids + seq(i).completion_ids for i in chosen]
             tokens = torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
             labels = torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
             mask = torch.tensor(rows(chosen, lambda s: [1.0] * len(s.completion_ids)), dtype=torch.float32)
@@ -206,11 +222,12 @@ class MegatronWorker:
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
             routing = micro_batch_routing(
-                [seqs[i].routed_experts for i in chosen],
-                [len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) - 1 for i in chosen], seq_len)
+                [seqs[i].routed_experts if i >= 0 else None for i in chosen],
+                [len(seq(i).prompt_ids) + len(seq(i).completion_ids) - 1 for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
                             rollout=behaviour, routing=routing, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
-                            adv=None if adv is None else adv[chosen]))
+                            adv=None if adv is None else torch.stack([adv[i] if i >= 0 else adv.new_zeros(())
+                                                                      for i in chosen])))
         return mbs
 
     def _seq_len(self, seqs: list[TrainSequence]) -> int:
@@ -385,8 +402,7 @@ class MegatronWorker:
         """With routing replay: a forward of the first mini-batch without it, before its update, for what replay
         is compared with: the summed |trainer - rollout| log-prob gap (over data-parallel ranks) and this rank's
         routing counts when the trainer's routers choose freely."""
-        mbs = self._micro_batches(seqs, chunk[self.ps.get_data_parallel_rank()::self.ps.get_data_parallel_world_size()],
-                                  None, seq_len)
+        mbs = self._micro_batches(seqs, chunk, None, seq_len)
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
@@ -420,9 +436,9 @@ class MegatronWorker:
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, tis_cap: float | None,
                         routing: RoutingPass | None = None) -> tuple[torch.Tensor, float, torch.Tensor]:
-        dp, r = self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()
+        dp = self.ps.get_data_parallel_world_size()
         n_seqs, n_tokens = len(chunk), sum(len(seqs[i].completion_ids) for i in chunk)
-        mbs = self._micro_batches(seqs, chunk[r::dp], adv, seq_len)
+        mbs = self._micro_batches(seqs, chunk, adv, seq_len)
         # Each micro-batch's loss is its part of the mini-batch objective (normalised by the mini-batch's
         # counts); the schedule divides by the number of micro-batches and DDP averages over data-parallel
         # ranks, which the factor undoes.
@@ -441,13 +457,18 @@ class MegatronWorker:
             else:
                 adv_mb = mb["adv"].to(logp.device)
                 ref = mb["ref"].to(logp.device) if self.reference is not None else None
+                # the KL term's distribution: the whole tempered vocabulary (sampling.kl_distribution)
+                kl_logp = None if ref is None or not dist.truncates else \
+                    self._token_logprobs(output, mb, kl_distribution(dist))[0]
                 w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
-                loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent)
+                loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent,
+                                   kl_logp=kl_logp)
                 sq = (((logp - old) ** 2) * mask).sum()
                 gap = _behaviour_gap(logp, mb, tis_cap)
                 if ref is not None:
-                    ref = masked_reference(logp, ref, mask)
-                    kl = (kl_estimate(logp.detach(), ref, spec.kl_estimator) * mask).sum()
+                    kl_logp = logp if kl_logp is None else kl_logp
+                    ref = masked_reference(kl_logp, ref, mask)
+                    kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask).sum()
                 if spec.kind == "grpo":
                     clip_low, clip_high = clip_counts(logp, old, adv_mb, mask, spec.clip_eps_low, spec.clip_eps_high)
             stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap,
@@ -479,9 +500,11 @@ class MegatronWorker:
         (last pipeline stage, TP rank 0); None elsewhere."""
         if reference and self.reference is None:
             raise RuntimeError("no reference model: trainer.kl.coef is 0")
-        seqs, dist = batch.sequences, batch.distribution
+        seqs = batch.sequences
+        # the reference serves the KL term only, whose distribution is the whole tempered vocabulary
+        dist = kl_distribution(batch.distribution) if reference else batch.distribution
         seq_len = self._seq_len(seqs)
-        mbs = self._micro_batches(seqs, self._dp_slice(seqs), None, seq_len)
+        mbs = self._micro_batches(seqs, list(range(len(seqs))), None, seq_len)
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
@@ -496,6 +519,8 @@ class MegatronWorker:
         result: dict[int, list[float]] = {}
         for d in out:
             for row, i in enumerate(d["index"]):
+                if i < 0:  # a placeholder row (_micro_batches)
+                    continue
                 p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)
                 result[i] = d["logp"][row, p - 1:p - 1 + c].tolist()
         return result
@@ -508,7 +533,7 @@ class MegatronWorker:
 
         seqs = [TrainSequence(t + [0], []) for t in token_lists]  # _micro_batches drops the last token
         seq_len = self._seq_len(seqs)
-        mbs = self._micro_batches(seqs, list(range(len(seqs))), None, seq_len)
+        mbs = self._micro_batches(seqs, list(range(len(seqs))), None, seq_len, split=False)
 
         def loss_fn(mb, output):
             full = gather_from_tensor_model_parallel_region(output.float())
@@ -520,7 +545,8 @@ class MegatronWorker:
         result = {}
         for d in out:
             for row, i in enumerate(d["index"]):
-                result[i] = d["logits"][row, : len(token_lists[i])]
+                if i >= 0:
+                    result[i] = d["logits"][row, : len(token_lists[i])]
         return [result[i] for i in range(len(token_lists))]
 
     def publish(self, out_dir: str, node: str, shard_bytes: int, writer_threads: int = 2) -> dict:
