@@ -17,12 +17,12 @@ from orchestrator.session import Session, console
 from trainer.lr_schedule import lr_at
 
 
-# What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref with trainer.kl only,
+# What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref(_mean) with trainer.kl only,
 # the clip fractions with loss grpo only, the routing figures for mixture-of-experts models whose samples carry
 # the rollout's routing (logprob_gap_unreplayed with trainer.moe.routing_replay only)
-TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "logp_mean", "entropy", "clip_fraction_low",
-                 "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch", "routing_mismatch_trained",
-                 "routed_tokens")
+TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "logp_mean", "entropy",
+                 "clip_fraction_low", "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch",
+                 "routing_mismatch_trained", "routed_tokens")
 
 
 def unreplayed_gap(train: dict) -> dict[str, float]:

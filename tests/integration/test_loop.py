@@ -92,7 +92,7 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
             assert (it, phase) in phases
     # the reference is the policy RL starts from: no divergence in iteration 1's only optimizer step
     assert metrics[0]["kl_ref"] == pytest.approx(0.0, abs=1e-9)
-    assert metrics[-1]["kl_ref"] > 1e-6
+    assert metrics[-1]["kl_ref"] > 1e-6 and all(m["kl_ref_mean"] >= 0 for m in metrics)
     # the rates the ranks' optimizers stepped with: warm-up 1/1, then cosine from 2e-3 at progress 0, 1/3, 2/3
     # (min_lr is reached one iteration after the last, which still updates)
     assert [m["lr"] for m in metrics] == pytest.approx([2e-3, 2e-3, 2e-4 + 1.8e-3 * 0.75, 2e-4 + 1.8e-3 * 0.25])

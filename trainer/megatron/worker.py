@@ -348,7 +348,7 @@ class MegatronWorker:
         dist = batch.distribution if mode == "rl" else TokenDistribution()
         bounds = [len(seqs) * k // updates for k in range(updates + 1)]
         shuffle = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
-        stats, grad_norms, gap = torch.zeros(len(STATS)), [], float("nan")
+        stats, grad_norms, gap, kl_first = torch.zeros(len(STATS)), [], float("nan"), float("nan")
         routed = mode == "rl" and bool(self._routers) and any(s.routed_experts is not None for s in seqs)
         if mode == "rl" and self.routing_replay and not routed:
             raise ValueError("trainer.moe.routing_replay is rollout but no sequence carries the rollout's routing "
@@ -370,6 +370,7 @@ class MegatronWorker:
                                                                      batch.tis_cap, how)
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
+                    kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
                     if routed:
                         routing_stats |= self._routing_metrics(counts, free_counts if replay else counts)
                 stats += step_stats
@@ -385,7 +386,10 @@ class MegatronWorker:
                "behaviour_gap": gap if mode == "rl" else float("nan"),
                "reporting": self._reporting_rank()}
         if mode == "rl" and self.reference is not None:
-            out["kl_ref"] = per_token["kl_ref"]
+            # kl_ref: the first mini-batch before its update, on the tokens the policy itself sampled (later
+            # mini-batches estimate it on tokens an earlier policy sampled); kl_ref_mean: what the loss term
+            # saw, over every mini-batch and epoch (TRL's `kl`, veRL's `actor/kl_loss`)
+            out |= {"kl_ref": kl_first, "kl_ref_mean": per_token["kl_ref"]}
         if mode == "rl" and self.loss_spec.kind == "grpo":
             out |= {"clip_fraction_low": per_token["clip_low"], "clip_fraction_high": per_token["clip_high"]}
         return out | routing_stats
