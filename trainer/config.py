@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.losses import LossSpec
+from trainer.loss_spec import LossSpec
 from trainer.lr_schedule import LRSchedule
 
 

@@ -123,61 +123,36 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
     assert (reference_run / "timings.png").stat().st_size > 10_000
 
 
-def test_kill_anywhere_then_resume_matches_uninterrupted(reference_run, tmp_path, address):
-    cfg = _write(tmp_path, _config("ref", address, **REF))  # same name and seed: same problems and weights
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    # Kill at the first sign of iteration 3 (the iteration-2 checkpoint is complete by then). Waiting for one
-    # exact phase raced: on a fast machine iteration 3's train phase can end between two polls. Whatever the
-    # kill point, from iteration 3 to the end of the run (iteration 4, its checkpoint, engine shutdown), the
-    # resumed run must redo the lost iterations without recording any of them twice.
+def _wait_for_iteration(proc: subprocess.Popen, run_dir: Path, iteration: int) -> dict:
+    """Poll status.json until the run starts `iteration` (its previous iterations are recorded by then); the
+    status read. Waiting for one exact phase raced: on a fast machine a phase can end between two polls."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         try:
             s = json.loads((run_dir / "status.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             s = {}
-        if s.get("iteration", 0) >= 3:
-            break
-        assert proc.poll() is None, "run ended before it could be killed"
+        if s.get("iteration", 0) >= iteration:
+            return s
+        assert proc.poll() is None, f"run ended before iteration {iteration}"
         time.sleep(0.01)
-    else:
-        pytest.fail("run never reached iteration 3")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert not (run_dir / "final.json").exists(), "run ended before it was killed"
-    from orchestrator.rundir import RunDir
-
-    assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
-    recorded = [m["iteration"] for m in _metrics(run_dir)]
-    assert recorded[:2] == [1, 2] and recorded == list(range(1, len(recorded) + 1)), recorded
-    resumed = _tide("resume", run_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert (run_dir / "metrics.jsonl").read_text() == (reference_run / "metrics.jsonl").read_text()
-    assert (run_dir / "samples.jsonl").read_text() == (reference_run / "samples.jsonl").read_text()
-    final = json.loads((run_dir / "final.json").read_text())
-    ref_final = json.loads((reference_run / "final.json").read_text())
-    assert final["parameter_digests"] == ref_final["parameter_digests"]
+    pytest.fail(f"run never reached iteration {iteration}")
 
 
-def test_sigterm_stops_the_run_cleanly(tmp_path, address):
-    """A scheduler's SIGTERM unwinds like Ctrl-C (exit 130, engines stopped, nothing left in /dev/shm), not
-    Ray's native abort (exit 134, no cleanup); what resume does after any stop is the kill test's subject."""
-    cfg = _config("term", address, iterations=3, save_every=1)
-    run_dir, shm = tmp_path / "run", Path(cfg["publish"]["shm_root"])
-    proc = subprocess.Popen([*TIDE, "run", str(_write(tmp_path, cfg)), "--run-dir", str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline, s = time.monotonic() + 600, {}
-    while time.monotonic() < deadline and s.get("iteration", 0) < 2:
-        try:
-            s = json.loads((run_dir / "status.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        assert proc.poll() is None, "run ended before it could be stopped"
-        time.sleep(0.01)
+def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_path, address):
+    """A scheduler's SIGTERM unwinds like Ctrl-C (exit 130, engines stopped, nothing left in /dev/shm; not Ray's
+    native abort, exit 134, no cleanup); the resumed run is then SIGKILLed with its whole process group (no
+    cleanup at all) and resumed again: the run ends with the metrics, samples and parameters of the
+    uninterrupted reference run, no iteration recorded twice."""
+    cfg = _write(tmp_path, _config("ref", address, **REF))  # same name and seed: same problems and weights
+    run_dir, shm = tmp_path / "run", Path(_config("ref", address)["publish"]["shm_root"])
+    with open(tmp_path / "stderr", "w") as stderr:  # a file, not a pipe nobody reads while the run goes on
+        proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    s = _wait_for_iteration(proc, run_dir, 3)  # the iteration-2 checkpoint is complete by then
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 130 and "interrupted; `tide resume` continues" in err, err[-4000:]
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["state"], status["error"]) == ("failed", "interrupted (Ctrl-C or SIGTERM)")
@@ -185,7 +160,28 @@ def test_sigterm_stops_the_run_cleanly(tmp_path, address):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not shm.exists() or not any(shm.iterdir())
-    assert (run_dir / "checkpoints" / "iter_0000001").is_dir()  # what `tide resume` would continue from
+    assert (run_dir / "checkpoints" / "iter_0000002").is_dir()  # what `tide resume` continues from
+
+    # Resumed from iteration 2, killed at the first sign of iteration 4: whatever the kill point, from there to
+    # the end of the run (its checkpoint, engine shutdown), the next resume must redo the lost iterations.
+    proc = subprocess.Popen([*TIDE, "resume", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait_for_iteration(proc, run_dir, 4)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (run_dir / "final.json").exists(), "run ended before it was killed"
+    from orchestrator.rundir import RunDir
+
+    assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
+    recorded = [m["iteration"] for m in _metrics(run_dir)]
+    assert recorded[:3] == [1, 2, 3] and recorded == list(range(1, len(recorded) + 1)), recorded
+    resumed = _tide("resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (run_dir / "metrics.jsonl").read_text() == (reference_run / "metrics.jsonl").read_text()
+    assert (run_dir / "samples.jsonl").read_text() == (reference_run / "samples.jsonl").read_text()
+    final = json.loads((run_dir / "final.json").read_text())
+    ref_final = json.loads((reference_run / "final.json").read_text())
+    assert final["parameter_digests"] == ref_final["parameter_digests"]
 
 
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
@@ -249,10 +245,11 @@ def test_restart_mode_survives_engine_kill_mid_rollout(tmp_path, address):
     assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
 
 
-def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
-    """Also a user's workload: the chat-format dataset of configs/chat_dataset.yaml through the tiny model's chat
-    template, generation ending at a stop string, scored by the `math` built-in and a user function
-    (configs/chat_rewards.py)."""
+def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address):
+    """TP=2 ranks publish TP shards; two rollout nodes pull them through the transfer engine, merge them and vLLM
+    serves the trainer's weights. Also a user's workload: the chat-format dataset of configs/chat_dataset.yaml
+    through the tiny model's chat template, generation ending at a stop string, scored by the `math` built-in
+    and a user function (configs/chat_rewards.py)."""
     shm = f"/dev/shm/tide-test-nodes-{os.getpid()}"
     subprocess.run([sys.executable, "scripts/make_chat_dataset.py", "--out", str(tmp_path / "data"), "--train", "200",
                     "--eval", "20"], cwd=ROOT, check=True, capture_output=True)
@@ -262,10 +259,12 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
         rollout__max_prompt_tokens=128, transfer={"enabled": True, "rollout_shm_root": shm, "registry_name": f"tide_test_registry_{os.getpid()}"},
         task={**shipped["task"], "path": str(tmp_path / "data" / "train.jsonl"),
               "eval_path": str(tmp_path / "data" / "eval.jsonl")},
-        model__chat_template="auto", model__system_prompt=shipped["model"]["system_prompt"],
         rewards=[{**r, "fn": str(ROOT / "configs" / r["fn"]) if ".py:" in r["fn"] else r["fn"]}
                  for r in shipped["rewards"]],  # a file relative to the shipped config
-        eval={"every": 2, "prompts": 8, "n_samples": 2}))
+        eval={"every": 2, "prompts": 8, "n_samples": 2},
+        trainer={**_config("x", address)["trainer"], "parallel": {"tp": 2, "pp": 1, "ep": 1}},
+        model={"tiny": {**_config("x", address)["model"]["tiny"], "num_kv_heads": 2},  # one key/value head per TP rank
+               "chat_template": "auto", "system_prompt": shipped["model"]["system_prompt"]}))
     try:
         proc = _tide("run", cfg, "--run-dir", tmp_path / "run")
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -282,20 +281,6 @@ def test_two_rollout_nodes_pull_weights_through_mooncake(tmp_path, address):
         import shutil
 
         shutil.rmtree(shm, ignore_errors=True)
-
-
-def test_tensor_parallel_trainer_feeds_vllm_through_merged_shards(tmp_path, address):
-    """TP=2 ranks publish TP shards; the rollout side merges them and vLLM serves the trainer's weights."""
-    cfg = _config("tp2", address, iterations=2, save_every=2,
-                  trainer={"lr": 2e-3, "warmup_sft_steps": 2, "warmup_sft_batch": 32,
-                           "parallel": {"tp": 2, "pp": 1, "ep": 1}})
-    cfg["model"]["tiny"].update(num_heads=2, num_kv_heads=2)  # one key/value head per TP rank
-    proc = _tide("run", _write(tmp_path, cfg), "--run-dir", tmp_path / "run")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    metrics = _metrics(tmp_path / "run")
-    assert [m["iteration"] for m in metrics] == [1, 2]
-    assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
-
 
 
 def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tmp_path, rollout_engine):
