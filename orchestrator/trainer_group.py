@@ -198,7 +198,7 @@ class TrainerGroup:
 
     def shutdown(self) -> None:
         if self._pool is not None:
-            try:  # every rank at once: destroying the process group is a collective
+            try:  # every rank at once
                 self._get([r.release.remote() for r in self.ranks])
             except Exception:  # noqa: BLE001  (a rank that cannot be released is not handed back)
                 for r in self.ranks:
@@ -212,7 +212,8 @@ class TrainerGroup:
                 ray.get(r.call.remote("shutdown"), timeout=30)
             except ray.exceptions.RayActorError:  # dead already
                 continue
-            except Exception:  # noqa: BLE001  (it does not answer: killed by _end)
-                pass
+            except Exception:  # noqa: BLE001  (a rank that does not answer is killed)
+                ray.kill(r)
+                continue
             _end(r)
         self.ranks = []
