@@ -41,6 +41,7 @@ def run_iterations(s: Session) -> None:
         bar = progress.add_task(cfg.name, total=cfg.iterations, completed=s.start_iteration)
         manifest = None
         held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
+        gap_bound, bound_origin = r.logprob_gap_bound(cfg.model.dtype), r.logprob_gap_origin(cfg.model.dtype)
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
             problems, rendering = s.task.rendered_problems(cfg.seed, it, r.prompts_per_iteration)
             if not problems:
@@ -68,7 +69,6 @@ def run_iterations(s: Session) -> None:
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
-            gap_bound, bound_origin = r.logprob_gap_bound(cfg.model.dtype), r.logprob_gap_origin(cfg.model.dtype)
             check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update",
                               bound_origin)
             with run.phase(it, "publish") as rec:

@@ -461,16 +461,15 @@ class MegatronWorker:
             else:
                 adv_mb = mb["adv"].to(logp.device)
                 ref = mb["ref"].to(logp.device) if self.reference is not None else None
-                # the KL term's distribution: the whole tempered vocabulary (sampling.kl_distribution)
-                kl_logp = None if ref is None or not dist.truncates else \
-                    self._token_logprobs(output, mb, kl_distribution(dist))[0]
+                kl_logp = None
+                if ref is not None:  # the KL term's distribution: the whole tempered vocabulary (kl_distribution)
+                    kl_logp = self._token_logprobs(output, mb, kl_distribution(dist))[0] if dist.truncates else logp
                 w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
                 loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent,
                                    kl_logp=kl_logp)
                 sq = (((logp - old) ** 2) * mask).sum()
                 gap = _behaviour_gap(logp, mb, tis_cap)
                 if ref is not None:
-                    kl_logp = logp if kl_logp is None else kl_logp
                     ref = masked_reference(kl_logp, ref, mask)
                     kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask).sum()
                 if spec.kind == "grpo":
