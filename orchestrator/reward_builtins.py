@@ -5,7 +5,9 @@ and each problem's reference answer as `answer` (orchestrator/reward_functions.p
   number; rollout/tasks/verifiers.py); `math`: Hugging Face `math-verify`, symbolic equivalence of the extracted
   answer;
 - `code`: the fraction of the problem's tests the completion's code passes in the sandbox: a `tests` column of
-  assertions, with an optional `language` column; or stdin/stdout problems, judged per case: a `cases` column
+  assertions, with an optional `language` column, and for Python the tests' own set-up run judge-side (a
+  `test_setup` column, or MBPP's `test_imports` and `test_setup_code`) and the solution's names the tests may use
+  (`solution_names`, or HumanEval's `entry_point`); or stdin/stdout problems, judged per case: a `cases` column
   (a list of {stdin, expected_stdout} or {input, output}, or CodeContests' {"input": [...], "output": [...]})
   with an optional `checker` column (exact | tokens | float | program, sandbox judge mode); or an `answer`
   holding the JSON spec {"language", "tests"} or {"language", "cases", "checker"}; None for a problem with none;
@@ -44,6 +46,7 @@ def _math(prompts, completions, answer, **_) -> list[float]:
 
 
 def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, cases=None, checker=None,
+          test_setup=None, test_imports=None, test_setup_code=None, solution_names=None, entry_point=None,
           **_) -> list[float | None]:
     from rollout.tasks.code import score_in_sandbox
     from sandbox.client import SandboxClient
@@ -51,7 +54,9 @@ def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, languag
     def column(values, i):
         return values[i] if values else None
 
-    specs = [_code_spec(answer[i], column(tests, i), column(language, i), column(cases, i), column(checker, i))
+    specs = [_code_spec(answer[i], column(tests, i), column(language, i), column(cases, i), column(checker, i),
+                        _test_setup(column(test_setup, i), column(test_imports, i), column(test_setup_code, i)),
+                        _solution_names(column(solution_names, i), column(entry_point, i)))
              for i in range(len(completions))]
     todo = [i for i, spec in enumerate(specs) if spec is not None]
     out: list[float | None] = [None] * len(completions)
@@ -62,9 +67,26 @@ def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, languag
     return out
 
 
-def _code_spec(answer: Any, tests: Any, language: Any, cases: Any = None, checker: Any = None) -> dict | None:
+def _test_setup(setup: Any, imports: Any, setup_code: Any) -> str:
+    imports = "\n".join(imports) if isinstance(imports, (list, tuple)) else imports or ""
+    return "\n".join(part for part in (imports, setup_code or "", setup or "") if part)
+
+
+def _solution_names(names: Any, entry_point: Any) -> list[str] | None:
+    if names:
+        return [names] if isinstance(names, str) else list(names)
+    return [entry_point] if entry_point else None
+
+
+def _code_spec(answer: Any, tests: Any, language: Any, cases: Any = None, checker: Any = None,
+               test_setup: str = "", solution_names: list[str] | None = None) -> dict | None:
     if tests:
-        return {"language": language or "python", "tests": list(tests)}
+        spec = {"language": language or "python", "tests": list(tests)}
+        if test_setup:
+            spec["test_setup"] = test_setup
+        if solution_names is not None:
+            spec["solution_names"] = solution_names
+        return spec
     if cases:
         cases = json.loads(cases) if isinstance(cases, str) else cases
         checker = json.loads(checker) if isinstance(checker, str) else checker

@@ -30,6 +30,7 @@ class SandboxConfig(BaseModel):
     rootfs_images: dict[str, Path] = Field(default_factory=dict)  # name -> directory
     max_files: int = 64
     max_request_bytes: int = 16 * 1024 * 1024
+    max_fetch_mb: int = Field(64, gt=0)  # one response's fetch_files together (also at most the run's disk_mb)
     token: str | None = None
 
     def effective(self, req: Limits) -> "Resolved":

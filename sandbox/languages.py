@@ -49,10 +49,12 @@ _PY_HARNESS = {name: (_HARNESS / source).read_text() for name, source in
                 (".tide_init.py", "container_init.py"))}
 
 
-def python_tests(code: str, tests: list[str], nonce: str) -> Files:
+def python_tests(code: str, tests: list[str], nonce: str, setup: str = "",
+                 solution_names: list[str] | None = None) -> Files:
     """Tests run in a judge process apart from the solution's (sandbox/harness/python_judge.py)."""
     return {"solution.py": code, **_PY_HARNESS,
-            "judge_input.json": json.dumps({"nonce": nonce, "tests": tests})}
+            "judge_input.json": json.dumps({"nonce": nonce, "tests": tests, "setup": setup,
+                                            "solution_names": solution_names})}
 
 
 _C_RUN = ("./prog",)

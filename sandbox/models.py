@@ -39,13 +39,15 @@ CHECKER_LANGUAGES = ("python", "c", "cpp", "go", "rust")
 
 class Checker(BaseModel):
     """How a case's output is judged (sandbox/harness/checkers.py): exact (line ends and trailing blank lines
-    ignored), tokens, float (tokens; numbers within abs_tol or rel_tol of the expected), or program: `code` in
+    ignored), tokens, float (tokens; numbers within abs_tol or rel_tol of the expected, except that an expected
+    integer token must be the same integer unless `exact_integers` is false), or program: `code` in
     `language`, run in the sandbox after each case as `checker <input> <output> <answer>` (testlib's order);
     exit status 0 accepts, anything else is a wrong answer, and its stderr is the case's checker_message."""
 
     kind: Literal["exact", "tokens", "float", "program"] = "exact"
     abs_tol: float = Field(1e-6, ge=0)
     rel_tol: float = Field(1e-6, ge=0)
+    exact_integers: bool = True
     language: str = "python"
     code: str | None = None
 
@@ -96,6 +98,12 @@ class RunRequest(BaseModel):
     stdin: str = ""
     files: dict[str, str] = Field(default_factory=dict, description="extra files, relative paths under /work")
     tests: list[str] = Field(default_factory=list, description="test snippets run after the code (see languages)")
+    test_setup: str = Field("", description="Python tests mode: code run in the tests' scope before them, judge-side "
+                            "(imports, helpers: MBPP's test_imports and test_setup_code); its names win over the "
+                            "solution's")
+    solution_names: list[str] | None = Field(None, description="Python tests mode: the solution's names the tests "
+                                             "may use (HumanEval's entry_point); default: the names the tests "
+                                             "read that no builtin, standard-library module or test_setup gives")
     limits: Limits = Field(default_factory=Limits)
     image: str | None = Field(None, description="image name; default: the server's default image")
     binary_files: dict[str, str] = Field(default_factory=dict,
@@ -118,6 +126,10 @@ class RunRequest(BaseModel):
             raise ValueError("give one of `tests` (tests mode), `cases` (judge mode) or `cells` (Jupyter mode)")
         if self.cells and self.language not in ("python", "python3", "py"):
             raise ValueError("Jupyter mode (`cells`) runs a python kernel: language must be python")
+        if (self.test_setup or self.solution_names is not None) and not (
+                self.tests and self.language in ("python", "python3", "py")):
+            raise ValueError("`test_setup` and `solution_names` belong to Python's tests mode (`tests` with "
+                             "language python); other languages' tests see what their program declares")
         return self
 
     @field_validator("binary_files")

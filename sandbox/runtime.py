@@ -37,7 +37,7 @@ from .config import Resolved, SandboxConfig
 from .images import SANDBOX_GID, SANDBOX_UID, Image, build_host_image, rootfs_image
 from .lru import LruCache
 from .languages import LANGUAGES, Language, command, get_language, python_tests
-from .models import CaseResult, CellResult, RunRequest, RunResult, SessionRequest, Status, Verdict
+from .models import CaseResult, CellResult, Limits, RunRequest, RunResult, SessionRequest, Status, Verdict
 from .sessions import DRIVER as SESSION_DRIVER
 from .sessions import Session
 from .oci import runtime_spec
@@ -106,7 +106,7 @@ _ZYGOTE = (_HARNESS / "python_zygote.py").read_text()  # Python's fork server in
 _JUPYTER_DRIVER = (_HARNESS / "jupyter_driver.py").read_text()
 _CONTAINER_INIT = (_HARNESS / "container_init.py").read_text()  # what each driver loads first
 _ECHO_BYTES = 1024  # of each case's output, returned for debugging
-CHECKER_DIR = ".tide_checker_build"  # under /work: a checker program's compile, removed before the solution's
+CHECKER_DIR = ".tide_checker_build"  # under /work of a checker program's own build container
 _C_RUN_BINARY = "prog"  # what the compiled checker languages (c, cpp, go, rust) build
 
 
@@ -187,11 +187,20 @@ def jupyter_result(result: RunResult, nonce: str) -> RunResult:
     return result.model_copy(update=update)
 
 
-def fetch_files(work: Path, names: list[str], max_bytes: int) -> dict[str, str]:
-    """The regular files among `names` under the run's /work, base64. Read from the host side of the overlay,
-    so every path component is opened without following symlinks (a program's `ln -s /etc/shadow out` must not
-    read the host's file) and non-blocking (a FIFO is skipped, not waited on)."""
+def fetch_files(work: Path, names: list[str], max_total: int) -> tuple[dict[str, str], list[str]]:
+    """The regular files among `names` under the run's /work, base64 (missing and non-regular ones left out), and a
+    note per file left out for the bounds below. Read from the host side of the overlay, so every path component
+    is opened without following symlinks (a program's `ln -s /etc/shadow out` must not read the host's file) and
+    non-blocking (a FIFO is skipped, not waited on).
+
+    The response is bounded as a whole, not per file: the files' apparent sizes (what reading them gives, holes
+    of a sparse file included) add up to at most `max_total`, and a file comes back once however many names
+    reach it (hard links, `d//f` and `d/f`), so a run cannot turn a few blocks of disk into a response that
+    exhausts the service's memory."""
     out: dict[str, str] = {}
+    left_out: list[str] = []
+    seen: dict[tuple[int, int], str] = {}
+    total = 0
     for name in names:
         try:
             parts = PurePosixPath(_clean_path(name)).parts
@@ -205,15 +214,25 @@ def fetch_files(work: Path, names: list[str], max_bytes: int) -> dict[str, str]:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
             fds.append(fd)
             st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= max_bytes:
+            inode = (st.st_dev, st.st_ino)
+            if not stat.S_ISREG(st.st_mode):
+                pass  # a directory, FIFO or device: left out, as a missing file is
+            elif inode in seen:
+                left_out.append(f"{name!r}: the same file as {seen[inode]!r}, returned once")
+            elif total + st.st_size > max_total:
+                left_out.append(f"{name!r}: {st.st_size} bytes would take the response past its {max_total}-byte cap")
+            else:
                 with os.fdopen(os.dup(fd), "rb") as f:
-                    out[name] = base64.b64encode(f.read(max_bytes + 1)[:max_bytes]).decode()
+                    data = f.read(max_total - total + 1)[:max_total - total]  # it may have grown since fstat
+                seen[inode] = name
+                total += len(data)
+                out[name] = base64.b64encode(data).decode()
         except OSError:
             continue
         finally:
             for fd in fds:
                 os.close(fd)
-    return out
+    return out, left_out
 
 
 def _clean_path(name: str) -> str:
@@ -430,7 +449,8 @@ class SandboxRuntime:
         if image not in self.images:
             raise BadRequest(f"unknown image {image!r}; known: {sorted(self.images)}")
         limits = self.config.effective(req.limits)
-        session = Session(req, output_bytes=limits.output_kb * 1024, default_timeout_s=limits.timeout_s)
+        session = Session(req, output_bytes=limits.output_kb * 1024, default_timeout_s=limits.timeout_s,
+                          max_timeout_s=min(self.config.max_limits.timeout_s or math.inf, req.ttl_s))
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
                 metrics.REJECTED.inc()
@@ -548,7 +568,7 @@ class SandboxRuntime:
         if splits is not None:
             files.update(lang.values(code, [s.value for s in splits], VALUES_PATH))
         elif req.tests:
-            files.update(python_tests(code, req.tests, nonce))
+            files.update(python_tests(code, req.tests, nonce, req.test_setup, req.solution_names))
         else:
             files[lang.source] = code
         if req.cells:
@@ -557,15 +577,15 @@ class SandboxRuntime:
         out_bytes = limits.output_kb * 1024
         compile_out = (self.config.compile_limits.output_kb or 64) * 1024
         binary = {k: base64.b64decode(v, validate=True) for k, v in req.binary_files.items()}
+        if splits is not None:
+            expected = self._expected_values(w, image, lang, req, splits)
+        checker = None
+        if req.cases and req.checker.kind == "program":
+            checker = self._checker_program(w, image, req)
+            if isinstance(checker, RunResult):
+                return checker
         with self._workspace(w, limits, image, files, binary, req.stdin.encode(),
                              max(out_bytes, compile_out)) as (rootfs, out, stdin):
-            if splits is not None:
-                expected = self._expected_values(w, rootfs, image, lang, req, splits, limits, out)
-            checker = None
-            if req.cases and req.checker.kind == "program":
-                checker = self._checker_program(w, rootfs, image, req, limits, out)
-                if isinstance(checker, RunResult):
-                    return checker
             compile_output = None
             if lang.compile:
                 climits = self.config.compile_step(limits, req.compile_timeout_s)
@@ -604,22 +624,32 @@ class SandboxRuntime:
             elif req.cells:
                 result = jupyter_result(result, nonce)
             if req.fetch_files:
-                result.files = fetch_files(Path(rootfs, "work"), req.fetch_files, limits.disk_mb << 20)
+                files, left_out = fetch_files(Path(rootfs, "work"), req.fetch_files,
+                                              min(limits.disk_mb, self.config.max_fetch_mb) << 20)
+                result.files = files
+                if left_out:
+                    result.stderr += "".join(f"tide: fetch_files left out {why}\n" for why in left_out)
             return result
 
-    def _expected_values(self, w: Worker, rootfs: str, image: Image, lang: Language, req: RunRequest,
-                         splits: list[Split], limits: Resolved, out: str) -> Expected:
-        """Tests mode outside Python: evaluate the tests' expected sides in this container before any step of the
-        solution's (its compile included, which could otherwise read them), then delete every file of it."""
+    def _side_limits(self) -> Resolved:
+        """Limits of the task's own programs (expected values, checker builds): the service's, never a request's,
+        so that what is cached for a test set does not depend on who asked first."""
+        return self.config.compile_step(self.config.effective(Limits()))
+
+    def _expected_values(self, w: Worker, image: Image, lang: Language, req: RunRequest,
+                         splits: list[Split]) -> Expected:
+        """Tests mode outside Python: evaluate the tests' expected sides, in a container of their own (with the
+        request's files, without the solution), before anything of the solution's runs. Cached by test set, and
+        only when every expected value was recorded by a program that ran to its end."""
         key = expected_key(lang.name, image.name, req)
         hit = self._expected.get(key)
         if hit is not None:
             return hit
         files = lang.values(None, [s.expected for s in splits], f"/work/{EXPECTED_DIR}/.tide_values")
-        elimits = self.config.compile_step(limits)
+        elimits = self._side_limits()
         steps = [command(lang, step, files, elimits.memory_mb) for step in (lang.compile, lang.run) if step]
-        p, data = self._side_phase(w, rootfs, image, out, "expected", EXPECTED_DIR, files, steps, elimits,
-                                   ".tide_values", limits.disk_mb << 20)
+        p, data = self._side_phase(w, image, "expected", EXPECTED_DIR, files, steps, elimits, ".tide_values",
+                                   elimits.disk_mb << 20, req)
         error = ""
         if p.runtime_error or p.exit_code != 0 or p.timed_out or p.oom or p.output_exceeded:
             why = (p.runtime_error or "timed out" if p.timed_out else "ran out of memory" if p.oom
@@ -627,14 +657,14 @@ class SandboxRuntime:
             detail = (p.stdout + p.stderr).decode("utf-8", "replace")[-2000:]
             error = f"tide: the tests' expected values did not all evaluate ({why}):\n{detail}"
         result = Expected(parse_values(data, len(splits)), error)
-        if not (p.runtime_error or p.timed_out or p.oom):
+        if not error and len(result.values) == len(splits) and all(v is not None for v in result.values.values()):
             self._expected.put(key, result)
         return result
 
-    def _checker_program(self, w: Worker, rootfs: str, image: Image, req: RunRequest, limits: Resolved,
-                         out: str) -> bytes | RunResult:
-        """Judge mode's checker program: Python's source, or a compiled language's binary built in this container
-        before the solution's compile (cached by source); a checker that does not compile fails the request."""
+    def _checker_program(self, w: Worker, image: Image, req: RunRequest) -> bytes | RunResult:
+        """Judge mode's checker program: Python's source, or a compiled language's binary built in a container of
+        its own before anything of the solution's (cached by source); a checker that does not compile fails the
+        request."""
         lang = get_language(req.checker.language)
         code = lang.solution(req.checker.code or "")
         if not lang.compile:
@@ -644,8 +674,8 @@ class SandboxRuntime:
         if hit is not None:
             return hit
         files = {lang.source: code}
-        climits = self.config.compile_step(limits)
-        p, binary = self._side_phase(w, rootfs, image, out, "checker", CHECKER_DIR, files,
+        climits = self._side_limits()
+        p, binary = self._side_phase(w, image, "checker", CHECKER_DIR, files,
                                      [command(lang, lang.compile, files, climits.memory_mb)], climits,
                                      _C_RUN_BINARY, 256 << 20)
         if p.runtime_error or p.exit_code != 0 or not binary:
@@ -655,25 +685,25 @@ class SandboxRuntime:
         self._checkers.put(key, binary)
         return binary
 
-    def _side_phase(self, w: Worker, rootfs: str, image: Image, out: str, tag: str, subdir: str,
-                    files: dict[str, str], steps: list[list[str]], limits: Resolved, product: str,
-                    max_bytes: int) -> tuple[Phase, bytes]:
-        """Run `steps` (e.g. compile, then run) on `files` in /work/<subdir> of this container, before anything of
-        the solution's; return the phase and the file `product` it left there, read from outside without
-        following links; then remove the subdirectory and the phase's captured output, so that nothing of it
-        is left for the solution's steps."""
-        sub = Path(rootfs, "work", subdir)
-        sub.mkdir()
-        os.chown(sub, SANDBOX_UID, SANDBOX_GID)
-        self._write_files(sub, files)
-        script = f"cd {subdir} && " + "".join(shlex.join(s) + " && " for s in steps[:-1]) + "exec " + \
-            shlex.join(steps[-1])
-        p = self._phase(w, rootfs, image, ["sh", "-c", script], limits, None, out, tag)
-        data = read_values(str(sub), product, max_bytes)
-        shutil.rmtree(sub, ignore_errors=True)
-        for name in (f"{tag}.stdout", f"{tag}.stderr"):
-            os.unlink(f"{out}/{name}")
-        return p, data
+    def _side_phase(self, w: Worker, image: Image, tag: str, subdir: str, files: dict[str, str],
+                    steps: list[list[str]], limits: Resolved, product: str, max_bytes: int,
+                    req: RunRequest | None = None) -> tuple[Phase, bytes]:
+        """Run `steps` (e.g. compile, then run) on `files` in /work/<subdir> of a container of their own, with the
+        request's files (`req`) in /work, and return the phase and the file `product` it left there, read from
+        outside without following links. The container's whole writable layer goes with its mounts, so nothing
+        a toolchain writes anywhere (Go's build cache, Rust's target directory, Java's classes, temp files)
+        outlives the phase: the solution's container starts from the image."""
+        given = dict(req.files) if req else {}
+        binary = {k: base64.b64decode(v) for k, v in req.binary_files.items()} if req else {}
+        with self._workspace(w, limits, image, given, binary, b"", limits.output_kb * 1024) as (rootfs, out, _):
+            sub = Path(rootfs, "work", subdir)
+            sub.mkdir()
+            os.chown(sub, SANDBOX_UID, SANDBOX_GID)
+            self._write_files(sub, files)
+            script = f"cd {subdir} && " + "".join(shlex.join(s) + " && " for s in steps[:-1]) + "exec " + \
+                shlex.join(steps[-1])
+            p = self._phase(w, rootfs, image, ["sh", "-c", script], limits, None, out, tag)
+            return p, read_values(str(sub), product, max_bytes)
 
     def _write_late_files(self, work: Path, files: dict[str, str | bytes]) -> None:
         """Files written between steps: whatever the earlier step left under those names goes first (a link

@@ -1,9 +1,16 @@
 """Sessions for multi-turn agents: one long-lived Python container per session, in its own slot, running
 sandbox/harness/session_driver.py; cells go to it over the container's stdin and come back on its stdout.
 
-A session ends when its owner deletes it, when it has been idle for `ttl_s` (reaped), when a cell runs past
-its timeout or the container dies (its state is gone: later requests get 404), or at the server's
-`max_session_s`. Ending kills the container and removes its mounts, cgroup state and crun state like any run."""
+A session ends when its owner deletes it (at once, a running cell included), when it has been idle for `ttl_s`
+(reaped), when a cell runs past its timeout or the container dies (its state is gone: later requests get 404),
+or at the server's `max_session_s`. Ending kills the container and removes its mounts, cgroup state and crun
+state like any run. A cell runs at most the server's `max_limits.timeout_s` and the session's `ttl_s`, whatever
+it asks for.
+
+Replies are bounded and framed by the service, not trusted from the container: a cell runs in the driver's
+process and can write to its reply pipe, so each request carries a fresh id the reply must echo (a message
+with another id is dropped, so a forged message never stands in for a later cell's reply), and every field of
+a reply is cut to the session's `output_kb` here."""
 from __future__ import annotations
 
 import json
@@ -22,6 +29,7 @@ from .models import SessionRequest, SessionResult
 
 DRIVER = (Path(__file__).with_name("harness") / "session_driver.py").read_text()  # the container's init
 _MAX_REPLY = 64 << 20
+_CLOSE_POLL_S = 0.05  # how often a wait for the container notices the session was deleted
 
 
 class SessionEnded(Exception):
@@ -33,12 +41,14 @@ class Session:
     req: SessionRequest
     output_bytes: int
     default_timeout_s: float
+    max_timeout_s: float  # a cell's longest run: the server's cap, and never past the session's ttl
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     ready: Future = field(default_factory=Future)
     requests: queue.Queue = field(default_factory=queue.Queue)
     ended: threading.Event = field(default_factory=threading.Event)  # set once its slot is free again
     end_reason: str = ""
     _stopped: bool = False  # no more cells: the container is gone or going
+    _closing: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, code: str, timeout_s: float | None) -> Future:
@@ -46,10 +56,12 @@ class Session:
         with self._lock:
             if self._stopped:
                 raise SessionEnded(self.end_reason)
-            self.requests.put((code, timeout_s or self.default_timeout_s, fut))
+            self.requests.put((code, min(timeout_s or self.default_timeout_s, self.max_timeout_s), fut))
         return fut
 
     def close(self) -> None:
+        """End the session now: a running cell is interrupted (its container killed), not waited for."""
+        self._closing.set()
         self.requests.put(None)
 
     def serve(self, proc, pidfd: int, deadline: float) -> None:
@@ -70,7 +82,7 @@ class Session:
                     item[2].set_exception(SessionEnded(self.end_reason))
 
     def _serve(self, proc, pidfd: int, deadline: float) -> None:
-        reader = _Reader(proc.stdout.fileno(), pidfd)
+        reader = _Reader(proc.stdout.fileno(), pidfd, self._closing)
         try:
             hello = reader.message(min(deadline, time.monotonic() + 30))
         except SessionEnded as e:
@@ -98,22 +110,60 @@ class Session:
             if not fut.set_running_or_notify_cancel():
                 continue
             t0 = time.monotonic()
+            cell_id = uuid.uuid4().hex
             try:
-                body = json.dumps({"code": code}).encode()
+                body = json.dumps({"id": cell_id, "code": code}).encode()
                 os.write(proc.stdin.fileno(), struct.pack("<I", len(body)) + body)
-                reply = reader.message(min(deadline, t0 + timeout_s))
+                end = min(deadline, t0 + timeout_s)
+                reply = reader.message(end)
+                while reply.get("id") != cell_id:  # written by a cell, not by the driver: not this cell's reply
+                    reply = reader.message(end)
             except (SessionEnded, OSError) as e:
-                timed_out = isinstance(e, SessionEnded) and e.args and e.args[0] == "timeout"
-                self.end_reason = "a cell ran past its timeout" if timed_out else f"the session died: {e}"
+                reason = e.args[0] if isinstance(e, SessionEnded) and e.args else None
+                timed_out = reason == "timeout"
+                self.end_reason = ("a cell ran past its timeout" if timed_out else "closed" if reason == "closed"
+                                   else f"the session died: {e}")
                 fut.set_result(SessionResult(status="timeout" if timed_out else "dead", wall_ms=_ms(t0),
                                              error=[{"ename": "TimeoutError" if timed_out else "SessionDied",
                                                      "evalue": self.end_reason, "traceback": []}]))
                 return
-            fut.set_result(SessionResult(status="error" if reply.get("error") else "ok", wall_ms=_ms(t0),
-                                         stdout=str(reply.get("stdout", ""))[:self.output_bytes],
-                                         stderr=str(reply.get("stderr", ""))[:self.output_bytes],
-                                         display=reply.get("display") or [], error=reply.get("error") or []))
+            fut.set_result(bounded_result(reply, self.output_bytes, _ms(t0)))
             idle_since = time.monotonic()
+
+
+def bounded_result(reply: dict, output_bytes: int, wall_ms: float) -> SessionResult:
+    """A cell's reply as a SessionResult with every field bounded: stdout and stderr cut to `output_bytes` each,
+    the display items and the errors kept while their text fits in `output_bytes` together (the rest dropped,
+    noted by a last item), and nothing but strings inside them."""
+    def text(v) -> str:
+        return v if type(v) is str else ""
+
+    def items(values, kind: str) -> list[dict]:
+        kept, used = [], 0
+        for item in values if type(values) is list else []:
+            if type(item) is not dict:
+                continue
+            if kind == "error":
+                tb = item.get("traceback")
+                clean = {"ename": text(item.get("ename")), "evalue": text(item.get("evalue")),
+                         "traceback": [t for t in tb if type(t) is str] if type(tb) is list else []}
+            else:
+                clean = {str(k): text(v) for k, v in item.items() if type(k) is str}
+            size = len(json.dumps(clean))
+            if used + size > output_bytes:
+                cut = len(values) - len(kept)
+                note = f"tide: {cut} {kind} item(s) left out: over the session's output_kb"
+                kept.append({"ename": "OutputLimit", "evalue": note, "traceback": []} if kind == "error"
+                            else {"text/plain": note})
+                break
+            kept.append(clean)
+            used += size
+        return kept
+
+    error = items(reply.get("error"), "error")
+    return SessionResult(status="error" if error else "ok", wall_ms=wall_ms,
+                         stdout=text(reply.get("stdout"))[:output_bytes], stderr=text(reply.get("stderr"))[:output_bytes],
+                         display=items(reply.get("display"), "display"), error=error)
 
 
 def _ms(t0: float) -> float:
@@ -123,15 +173,17 @@ def _ms(t0: float) -> float:
 class _Reader:
     """Length-prefixed JSON from the container's stdout, with a deadline; ends if the container exits."""
 
-    def __init__(self, fd: int, pidfd: int) -> None:
-        self.fd, self.pidfd, self.buf = fd, pidfd, b""
+    def __init__(self, fd: int, pidfd: int, closing: threading.Event) -> None:
+        self.fd, self.pidfd, self.closing, self.buf = fd, pidfd, closing, b""
 
     def _fill(self, n: int, deadline: float) -> None:
         while len(self.buf) < n:
+            if self.closing.is_set():
+                raise SessionEnded("closed")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SessionEnded("timeout")
-            ready, _, _ = select.select([self.fd, self.pidfd], [], [], left)
+            ready, _, _ = select.select([self.fd, self.pidfd], [], [], min(left, _CLOSE_POLL_S))
             if self.fd in ready:
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:

@@ -2,10 +2,11 @@
 
 A test such as `add(2, 3) == 5` (or `assert.deepEqual(add(2, 3), 5)`, `assert_eq!(add(2, 3), 5)`, ...) is split
 into the value under test (`add(2, 3)`, evaluated in a program with the solution) and the expected value (`5`,
-evaluated earlier in a program without it). Each program writes one line per test, `<index>\\t<ok|err>\\t<value
-in the language's canonical text form>`, to a file the service reads from outside; the service compares the two
-texts. The expected values never exist inside the solution's container (they are evaluated, read and deleted
-before the solution is compiled), so nothing the solution does -- exiting early, overriding equality, printing
+evaluated earlier, in a container of its own, by a program without it). Each program writes one line per test,
+`<index>\\t<ok|err>\\t<value in the language's canonical text form>`, to a file the service reads from outside;
+the service compares the two texts. The expected values never exist inside the solution's container (they are
+evaluated in another container, whose whole writable layer is gone before the solution's is made: no build
+cache or temp file of theirs survives), so nothing the solution does -- exiting early, overriding equality, printing
 verdicts, writing guesses into the values file, patching the harness -- can make a test pass without the right
 value: a test with more than one record fails.
 
@@ -309,7 +310,7 @@ def read_values(directory: str, name: str, max_bytes: int) -> bytes:
 # ------------------------------------------------------------------ expected values and verdicts
 
 VALUES_PATH = "/work/.tide_values"  # where the solution's program records its values
-EXPECTED_DIR = ".tide_expected"  # under /work: the expected program's files, removed before the solution's steps
+EXPECTED_DIR = ".tide_expected"  # under /work of the expected values' own container
 
 
 @dataclass(frozen=True)

@@ -384,6 +384,31 @@ def main() -> None:
             ub.append(statistics.median(timed_runtime(rt, plain_req, "") for _ in range(5)) * 1000)
         report.add("python_tests_mode_vs_plain", "tests mode (judge + solution processes)", "plain run",
                    "ms per request, sequential", ua, ub, higher_is_better=False)
+        # Tests mode outside Python: the expected sides run once per test set, in a container of their own (a new
+        # test set each request: the cache never helps), against the same test set again (served from the cache).
+        fresh = iter(range(10**9))
+
+        def js_tests(cached: bool) -> float:
+            i = 7 if cached else next(fresh)
+            req = RunRequest(language="javascript", code="function add(a, b) { return a + b; }",
+                             tests=[f"add({i}, 1) === {i + 1}", f"add({i}, {i}) === {2 * i}"])
+            t0 = time.perf_counter()
+            res = rt.run(req)
+            if res.tests_passed != 2:
+                raise RuntimeError(res)
+            return time.perf_counter() - t0
+        js_plain = RunRequest(language="javascript", code="function add(a, b) { return a + b; }\n"
+                              "if (add(7, 1) !== 8) process.exit(1);")
+        js_tests(True)
+        va, vb, vc = [], [], []
+        for _ in range(reps):
+            va.append(statistics.median(js_tests(False) for _ in range(5)) * 1000)
+            vb.append(statistics.median(js_tests(True) for _ in range(5)) * 1000)
+            vc.append(statistics.median(timed_runtime(rt, js_plain, "") for _ in range(5)) * 1000)
+        report.add("javascript_tests_mode_new_test_set_vs_plain", "tests mode, a new test set (expected sides run)",
+                   "plain run", "ms per request, sequential", va, vc, higher_is_better=False)
+        report.add("javascript_tests_mode_cached_vs_plain", "tests mode, a cached test set", "plain run",
+                   "ms per request, sequential", vb, vc, higher_is_better=False)
         elapsed = time.perf_counter() - t_start
         report.note("seconds", round(elapsed, 1))  # the measurements, without set-up and warm-up
         report.machine_extra["cgroups"] = rt.layout.mode.value if rt.layout else "?"

@@ -91,16 +91,17 @@ def judge_cases(cases: Any) -> list[dict]:
 
 def score_in_sandbox(client: SandboxClient, specs: Sequence[dict], completions: Sequence[str],
                      limits: Limits) -> list[float]:
-    """The fraction of its spec's tests ({"language", "tests"}) or stdin/stdout cases ({"language", "cases",
-    "checker"}: judge mode) each completion's code passes, run in the sandbox as one batch; a sandbox fault (not
-    the program's) raises."""
+    """The fraction of its spec's tests ({"language", "tests", optional "test_setup" and "solution_names"}) or
+    stdin/stdout cases ({"language", "cases", "checker"}: judge mode) each completion's code passes, run in the
+    sandbox as one batch; a sandbox fault (not the program's) raises."""
     reqs = []
     for spec, completion in zip(specs, completions):
         common = dict(language=spec.get("language") or "python", code=extract_code(completion), limits=limits)
         if spec.get("cases"):
             reqs.append(RunRequest(**common, cases=judge_cases(spec["cases"]), checker=spec.get("checker") or {}))
         else:
-            reqs.append(RunRequest(**common, tests=list(spec["tests"])))
+            reqs.append(RunRequest(**common, tests=list(spec["tests"]), test_setup=spec.get("test_setup") or "",
+                                   solution_names=spec.get("solution_names")))
     rewards = []
     for res in client.run_batch(reqs):
         if res.status is Status.internal_error:

@@ -271,7 +271,7 @@ def main() -> None:
             r["verdict"] = "AC" if ok else "WA"
         elif r["verdict"] is None:
             ok = checkers["check"](checker["kind"], r["stdout"], case["expected_stdout"], checker["abs_tol"],
-                                   checker["rel_tol"])
+                                   checker["rel_tol"], checker.get("exact_integers", True))
             r["verdict"] = "AC" if ok else "WA"
         passed += r["verdict"] == "AC"
         r["stdout"] = r["stdout"][:spec["echo_bytes"]]

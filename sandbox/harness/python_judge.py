@@ -29,7 +29,17 @@ class SolutionDied(Exception):
 
 
 class SolutionError(Exception):
-    """An exception raised in the solution that is not a builtin one."""
+    """An exception raised in the solution that is not rebuilt as itself (not a builtin one, or one that
+    steers control flow)."""
+
+
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)  # BaseExceptions that are not Exceptions are never rebuilt
+_END = object()  # a "next" request's iterator is exhausted
+_NEVER_IMPORTED = {"this", "antigravity"}  # standard-library modules that act when imported
+
+
+class _NoValue:
+    """What a solution object without a plain value stands for in a comparison: equal to nothing."""
 
 
 def _write_line(fd: int, data: bytes) -> None:
@@ -96,13 +106,20 @@ class _Channel:
         except ValueError:
             self.dead = True  # garbage on the channel: nothing after it can be trusted to line up
             raise SolutionDied("the solution's reply is not JSON") from None
-        if type(reply) is not dict or not ("value" in reply or "error" in reply):
+        if type(reply) is not dict or not ("value" in reply or "error" in reply or
+                                           (reply.get("end") is True and message["op"] == "next")):
             self.dead = True
             raise SolutionDied("the solution's reply is malformed")
+        if "end" in reply:
+            return _END
         if "error" in reply:
             kind, text = reply["error"] if type(reply["error"]) is list and len(reply["error"]) == 2 else ("?", "")
             exc = getattr(builtins, kind, None) if isinstance(kind, str) else None
-            if isinstance(exc, type) and issubclass(exc, Exception) and exc.__module__ == "builtins":
+            # Rebuilt as itself, a builtin error can be what a test expects (`except ValueError`); an exception the
+            # interpreter uses for control flow never is: a StopIteration raised here inside the test's map() or
+            # generator would end the iteration as if the solution had answered everything.
+            if (isinstance(exc, type) and issubclass(exc, Exception) and exc.__module__ == "builtins"
+                    and not issubclass(exc, _CONTROL_FLOW)):
                 raise exc(text)
             raise SolutionError(f"{kind}: {text}")
         return decode(reply["value"])
@@ -146,11 +163,13 @@ class Remote:
 
     def __iter__(self):
         iterator = self._ask("iter")
+        if type(iterator) is not Remote:
+            raise TypeError("iter() of a solution object did not give an iterator")
         while True:
-            try:
-                yield iterator._ask("next")
-            except StopIteration:
+            item = iterator._ask("next")
+            if item is _END:
                 return
+            yield item
 
     def __len__(self) -> int:
         n = self._ask("len")
@@ -195,17 +214,26 @@ class Remote:
     def __repr__(self) -> str:
         return self._plain("str", self._as("repr"))
 
-    def __eq__(self, other) -> bool:
-        if isinstance(other, Remote):
-            return self._h == other._h
-        kind = _KIND.get(type(other))
-        if kind is None:
-            return False
+    def _plain_value(self):
+        """The object's plain value (sandbox/harness/python_runner.py `_plain`), asked without saying what it
+        will be compared with, or _NO_VALUE."""
         try:
-            mine = self._as(kind)
+            value = self._as("plain")
+        except (SolutionDied, RecursionError):
+            raise
         except Exception:
+            return _NO_VALUE
+        return _NO_VALUE if _holds_remote(value) else value
+
+    def __eq__(self, other) -> bool:
+        # Both sides as plain values compared here: never two handles the solution chose (it could hand back the
+        # same one for both), never a conversion asked for by the other side's type (which would tell the
+        # solution what it is compared with, `None` included).
+        mine = self._plain_value()
+        theirs = other._plain_value() if type(other) is Remote else other
+        if mine is _NO_VALUE or theirs is _NO_VALUE:
             return False
-        return not isinstance(mine, Remote) and type(mine) is type(other) and mine == other
+        return bool(mine == theirs)
 
     def __ne__(self, other) -> bool:
         return not self.__eq__(other)
@@ -233,8 +261,17 @@ def _number(r: Remote):
     return value
 
 
-_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes", list: "list", tuple: "tuple",
-         dict: "dict", set: "set", frozenset: "frozenset", complex: "complex", type(None): "none"}
+_NO_VALUE = _NoValue()
+
+
+def _holds_remote(value) -> bool:
+    if type(value) is Remote:
+        return True
+    if type(value) is dict:
+        return any(_holds_remote(k) or _holds_remote(v) for k, v in value.items())
+    if type(value) in (list, tuple, set, frozenset):
+        return any(_holds_remote(x) for x in value)
+    return False
 
 
 def _remote_handle(v):
@@ -255,14 +292,88 @@ def _load_wire() -> None:
     encode, decode = wire["codec"](_remote_handle, Remote)
 
 
-def _secrets() -> tuple[str, list[str]]:
-    """The nonce and the tests, read before the solution's process exists, from a file then removed, into a
-    process whose memory and descriptors its user (the solution's too) can no longer read through /proc."""
+def _secrets() -> dict:
+    """The nonce, tests, set-up and solution names, read before the solution's process exists, from a file then
+    removed, into a process whose memory and descriptors its user (the solution's too) can no longer read through
+    /proc."""
     global _INIT
     _INIT = _container_init()
     data = _INIT.take_secrets("judge_input.json", "main.py", require_init=False)
     _load_wire()
-    return data["nonce"], data["tests"]
+    return data
+
+
+def _free_names(sources: list[str]) -> tuple[set[str], set[str]]:
+    """Names the tests read without binding them anywhere themselves (a function, parameter, assignment, import,
+    loop or comprehension variable of theirs): what they expect from elsewhere; and those of them they call or
+    pass to a call (`area(2)`, `check(add)`)."""
+    import ast
+
+    read, bound, called = set(), set(), set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.alias):
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                bound.add(node.name)
+            if isinstance(node, ast.Call):
+                called |= {n.id for n in (node.func, *node.args, *(k.value for k in node.keywords))
+                           if isinstance(n, ast.Name)}
+    free = read - bound
+    return free, called & free
+
+
+def _tests_scope(data: dict, loaded: dict) -> dict:
+    """The scope the tests run in. What crosses from the solution is only what the task names as the solution's
+    (`solution_names`, HumanEval's entry point) or, by default, the names the tests call or pass to a call that
+    nothing else gives them: not a builtin, not a name the task's set-up code defines. Standard-library modules
+    the tests use without importing them are imported here, as the tests' own. The set-up (`test_setup`: MBPP's
+    test_imports and test_setup_code) runs here, after the solution's names are in, and wins over them: a
+    solution's `class math` or `Counter` never stands in for what the tests import."""
+    scope = {"__name__": "tests", "__builtins__": builtins}
+    free, called = _free_names(data["tests"])
+    # a module is never called: `copy(x)` is the solution's function, `math.isclose(...)` the standard library's
+    stdlib = {n for n in free - called if n in sys.stdlib_module_names and n not in _NEVER_IMPORTED}
+    names = data.get("solution_names")
+    if names is None:  # a name only reached through (`np.isclose`) is a module the tests expect, not the solution
+        names = sorted(called - _bound_names(data.get("setup") or ""))
+    for name in names:
+        if type(name) is str and name.isidentifier() and not hasattr(builtins, name) and name in loaded:
+            scope[name] = loaded[name]
+    if data.get("setup"):
+        exec(compile(data["setup"], "test_setup", "exec"), scope)
+    for name in sorted(stdlib - set(names) - set(scope)):
+        scope[name] = importlib.import_module(name)
+    return scope
+
+
+def _bound_names(source: str) -> set[str]:
+    """Names a piece of code binds at its top level (what exec() of it leaves in a scope), by syntax."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    out = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            out |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return out
 
 
 def _container_init():
@@ -276,20 +387,24 @@ def _container_init():
 
 def main() -> None:
     global _CHANNEL
-    nonce, tests = _secrets()
+    data = _secrets()
+    nonce, tests = data["nonce"], data["tests"]
     _CHANNEL = _Channel()
-    scope = {"__name__": "tests", "__builtins__": builtins}
     try:
         loaded = _CHANNEL.request({"op": "load"})
-        # The solution's top-level names, except any that would shadow a builtin for the tests (a solution's
-        # `abs = lambda x: 0` must not decide `assert abs(f(x) - y) < 1e-9`).
-        scope.update({k: v for k, v in (loaded if type(loaded) is dict else {}).items()
-                      if type(k) is str and k.isidentifier() and not k.startswith("__") and not hasattr(builtins, k)})
+        loaded = {k: v for k, v in loaded.items() if type(k) is str} if type(loaded) is dict else {}
     except Exception:  # the solution's top level raised or exited: every test fails
         loaded = None
+    scope = None
+    if loaded is not None:
+        try:
+            scope = _tests_scope(data, loaded)
+        except BaseException:
+            sys.stderr.write("tide: the tests' set-up code failed:\n")
+            traceback.print_exc()
     for i, src in enumerate(tests):
         ok = False
-        if loaded is not None:
+        if scope is not None:
             try:
                 exec(compile(src, "test%d" % i, "exec"), scope)
                 ok = True
@@ -300,7 +415,7 @@ def main() -> None:
         _write_line(1, f"{nonce} {i} {'pass' if ok else 'fail'}\n".encode())
     _CHANNEL.close()
     code = _CHANNEL.proc.returncode
-    sys.exit(code if code and code > 0 else 1 if loaded is None else 0)
+    sys.exit(code if code and code > 0 else 1 if scope is None else 0)
 
 
 if __name__ == "__main__":

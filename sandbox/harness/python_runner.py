@@ -10,6 +10,7 @@ import python_wire
 
 _IN, _OUT = int(sys.argv[1]), int(sys.argv[2])
 _objects: list = []
+_END = object()  # the iterator of a "next" request is exhausted (said apart from any exception's reply)
 
 
 def _read(n: int) -> bytes:
@@ -36,16 +37,50 @@ encode, decode = python_wire.codec(_to_handle, lambda handle, _type: _objects[ha
 
 
 _CONVERT = {"bool": bool, "int": int, "float": float, "str": str, "repr": repr, "bytes": bytes, "list": list,
-            "tuple": tuple, "dict": dict, "set": set, "frozenset": frozenset, "complex": complex,
-            "none": lambda o: None if o is None else o}
+            "tuple": tuple, "dict": dict, "set": set, "frozenset": frozenset, "complex": complex}
+_SCALARS = (bool, int, float, complex, str, bytes)
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_MAX_PLAIN_DEPTH = 100
+
+
+class NoPlainValue(Exception):
+    """The object has no plain value (an instance of the solution's own class, a generator, a range...)."""
 
 
 def _convert(obj, kind: str):
+    if kind == "plain":
+        return _plain(obj, 0)
     if kind == "list" and hasattr(obj, "tolist"):  # numpy arrays and scalars
         obj = obj.tolist()
     elif kind in ("int", "float", "bool") and hasattr(obj, "item"):
         obj = obj.item()
     return _CONVERT[kind](obj)
+
+
+def _plain(obj, depth: int):
+    """The object as a value of the exact plain types, decided by the object alone (never by what it will be
+    compared with): a subclass of a plain type as its base type (a Counter as a dict, a namedtuple as a
+    tuple), numpy values by `tolist()`; anything else has none."""
+    if depth > _MAX_PLAIN_DEPTH:
+        raise NoPlainValue("nested too deeply")
+    if obj is None:
+        return None
+    if type(obj).__module__ == "numpy" and hasattr(obj, "tolist"):
+        obj = obj.tolist()
+        if type(obj) in _SCALARS or obj is None:
+            return obj
+    for base in _SCALARS:  # bool before int: bool is the narrower
+        if isinstance(obj, base):
+            value = base(obj) if type(obj) is not base else obj
+            if type(value) is not base:
+                raise NoPlainValue(f"a {type(obj).__name__} did not convert to a {base.__name__}")
+            return value
+    for base in _CONTAINERS:
+        if isinstance(obj, base):
+            if base is dict:
+                return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in dict.items(obj)}
+            return base(_plain(x, depth + 1) for x in base.__iter__(obj))
+    raise NoPlainValue(f"a {type(obj).__name__} has no plain value")
 
 
 def _serve(req: dict, scope: dict):
@@ -62,7 +97,10 @@ def _serve(req: dict, scope: dict):
     if op == "iter":
         return iter(obj)
     if op == "next":
-        return next(obj)
+        try:
+            return next(obj)
+        except StopIteration:
+            return _END
     if op == "len":
         return len(obj)
     if op == "getitem":
@@ -84,9 +122,8 @@ def main() -> None:
         (size,) = struct.unpack("<I", _read(4))
         req = json.loads(_read(size))
         try:
-            reply = {"value": encode(_serve(req, scope))}
-        except StopIteration:
-            reply = {"error": ["StopIteration", ""]}
+            value = _serve(req, scope)
+            reply = {"end": True} if value is _END else {"value": encode(value)}
         except Exception as e:
             if req.get("op") == "call":  # the solution's own error, worth its traceback
                 traceback.print_exc()

@@ -3,7 +3,9 @@
 Requests and replies are length-prefixed JSON on the descriptors the service gave as stdin and stdout; a
 cell's own stdout and stderr are captured in memfds (so a subprocess's output is caught too), the value of a
 trailing expression is shown as text/plain display data, and an exception becomes {ename, evalue, traceback}.
-The cells are the session owner's own code: nothing here is a verdict, so nothing needs hiding from them."""
+The cells are the session owner's own code: nothing here is a verdict, so nothing needs hiding from them; they
+run in this process and could write to the reply pipe, so the service frames replies by each request's id and
+bounds every field itself (sandbox/sessions.py). Display text is cut here too, to keep honest replies small."""
 import ast
 import json
 import os
@@ -45,13 +47,14 @@ def _run(code: str, scope: dict) -> dict:
         if last is not None:
             value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), scope)
             if value is not None:
-                result["display"].append({"text/plain": repr(value)})
+                result["display"].append({"text/plain": repr(value)[:_OUTPUT_BYTES]})
     except BaseException as e:  # SystemExit and KeyboardInterrupt in a cell end the cell, not the session
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":  # from the cell's own frames
             tb = tb.tb_next
-        result["error"].append({"ename": type(e).__name__, "evalue": str(e),
-                                "traceback": traceback.format_exception(type(e), e, tb)})
+        result["error"].append({"ename": type(e).__name__, "evalue": str(e)[:_OUTPUT_BYTES],
+                                "traceback": [line[:_OUTPUT_BYTES] for line in
+                                              traceback.format_exception(type(e), e, tb)[-50:]]})
     return result
 
 
@@ -64,7 +67,8 @@ def main() -> None:
     _send(replies, {"ready": True})
     while True:
         (size,) = struct.unpack("<I", _read(requests, 4))
-        code = json.loads(_read(requests, size))["code"]
+        request = json.loads(_read(requests, size))
+        code = request["code"]
         out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -77,6 +81,7 @@ def main() -> None:
         os.dup2(null, 1)
         os.dup2(null, 2)
         result["stdout"], result["stderr"] = _captured(out), _captured(err)
+        result["id"] = request["id"]
         _send(replies, result)
 
 
