@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 _SHM = "/dev/shm"
 _SHM_PREFIXES = ("psm_", "sem.mp-", "tide-test-")
+_SHM_BEFORE = pytest.StashKey[set]()
 
 
 def _shm_in_use() -> set[str]:
@@ -35,15 +36,40 @@ def _shm_in_use() -> set[str]:
     return used
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_shared_memory_left_behind():
-    """Processes killed on purpose (SIGKILLed drivers and engines) cannot unlink their shared-memory
-    segments. After the session, remove what appeared during it that no live process still uses; what
-    existed before the session is never touched."""
-    before = set(os.listdir(_SHM))
-    yield
+# The suite runs in two pytest-xdist workers (`-n 2 --dist loadgroup`, the README's test command), each taking
+# whole directories: the JAX engine and the sandbox (one process each, no Ray, no vLLM) beside everything else, so
+# that one side's process starts and compiles fill the cores the other leaves idle (measured alone: 1.34 of 2
+# cores busy on average). Tests in one group run one at a time, in file order, as without xdist.
+_SIDE_GROUP = ("tests/jax/", "tests/sandbox/")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.replace("\\", "/")
+        group = "jax-and-sandbox" if path.startswith(_SIDE_GROUP) else "main"
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _controller(session) -> bool:
+    """True in the process that sees the whole session: the only one without xdist, the controller with it."""
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _controller(session):
+        session.config.stash[_SHM_BEFORE] = set(os.listdir(_SHM))
+
+
+def pytest_sessionfinish(session):
+    """Processes killed on purpose (SIGKILLed drivers and engines) cannot unlink their shared-memory segments.
+    After the whole session (every worker done), remove what appeared during it that no live process still uses;
+    what existed before the session is never touched. Run by the controller only: a worker that finishes first
+    would take the other's segments, which nothing maps between two phases of a run."""
+    if not _controller(session) or _SHM_BEFORE not in session.config.stash:
+        return
     import shutil
 
+    before = session.config.stash[_SHM_BEFORE]
     in_use = _shm_in_use()
     for name in set(os.listdir(_SHM)) - before:
         if name.startswith(_SHM_PREFIXES) and name not in in_use:
