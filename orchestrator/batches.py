@@ -31,5 +31,6 @@ def samples_batch(samples: Samples, sampling: TokenDistribution) -> TrainBatch:
     """Samples drawn from `sampling`, with their rollout log-probs, rewards and (mixture-of-experts models) the
     rollout's expert routing; samples of one prompt form one group. Samples without a reward (every reward function skipped them) are left out."""
     return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=s.logprobs, reward=s.reward,
-                                     group=s.prompt_index, routed_experts=s.routed_experts)
+                                     group=s.prompt_index, routed_experts=s.routed_experts,
+                                     loss_mask=[float(m) for m in s.loss_mask] if s.loss_mask else [])
                        for s in samples if s.reward is not None], sampling)

@@ -20,13 +20,13 @@ def use_trainer_old_logprobs(batch: TrainBatch, trainer_logprobs: list[list[floa
 
 
 def tis_metrics(batch: TrainBatch) -> dict[str, float]:
-    """Over every completion token: the mean truncated weight the loss uses, the largest untruncated ratio
+    """Over every trained completion token (loss mask 1): the mean truncated weight the loss uses, the largest untruncated ratio
     pi_old / pi_rollout, and the fraction of tokens whose ratio the cap truncated."""
     cap = batch.tis_cap
     if cap is None:
         return {}
     ratios = [math.exp(old - behaviour) for s in batch.sequences
-              for old, behaviour in zip(s.old_logprobs, s.rollout_logprobs, strict=True)]
+              for old, behaviour, m in zip(s.old_logprobs, s.rollout_logprobs, s.trained_mask, strict=True) if m]
     if not ratios:
         return {}
     return {"tis_weight_mean": sum(min(r, cap) for r in ratios) / len(ratios), "tis_ratio_max": max(ratios),

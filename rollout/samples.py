@@ -21,6 +21,11 @@ class Sample:
     # len(completion_ids) - 1 positions, hidden layers, top_k]; -1 where nothing was routed (dense layers).
     # rollout/routing_capture.py records it, trainer.moe.routing_replay replays it.
     routed_experts: np.ndarray | None = None
+    # Multi-turn trajectories (rollout/agent/): per completion token, 1 where the policy sampled it and 0 where
+    # tide inserted it (tool results, environment replies; their `logprobs` are 0.0), and the policy version
+    # that produced it (-1 for inserted tokens). None: a single turn, every token sampled by one version.
+    loss_mask: list[int] | None = None
+    versions: list[int] | None = None
 
 
 @dataclass

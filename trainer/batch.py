@@ -20,6 +20,17 @@ class TrainSequence:
     # Mixture-of-experts: the experts the rollout routed each input position to, int16 [len(prompt_ids) +
     # len(completion_ids) - 1, hidden layers, top_k], -1 where none (rollout/samples.py Sample.routed_experts)
     routed_experts: np.ndarray | None = None
+    # Which completion tokens the loss trains on (1) and which it skips (0: tokens tide inserted into a multi-turn
+    # trajectory, such as tool results); empty: every token. Counts, normalisers and statistics follow it.
+    loss_mask: list[float] = field(default_factory=list)
+
+    @property
+    def trained_mask(self) -> list[float]:
+        return self.loss_mask if self.loss_mask else [1.0] * len(self.completion_ids)
+
+    @property
+    def trained_tokens(self) -> float:
+        return float(sum(self.loss_mask)) if self.loss_mask else float(len(self.completion_ids))
 
 
 @dataclass(frozen=True)

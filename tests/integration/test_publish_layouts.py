@@ -344,3 +344,36 @@ def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, rank_pool
         assert (a - b).abs().max().item() <= 1e-4
     for a, b in zip(after[2], after[1]):
         assert (a - b).abs().max().item() <= 1e-6
+
+
+def test_masked_tokens_are_not_trained_on(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
+    """Tokens with loss mask 0 (tool results inserted into a multi-turn trajectory) change nothing: the same step
+    whatever their old log-probs, unlike the step that trains on them; counts follow the mask."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    base = _sft_batch(tiny_dense_dir).sequences
+    tokens = [s.prompt_ids + s.completion_ids for s in base]
+    group = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=4, loss="grpo"), pool=rank_pool)
+    try:
+        own = group.logprobs(TrainBatch(base))
+        masks = [[0.0 if len(s.completion_ids) // 3 <= k < 2 * len(s.completion_ids) // 3 else 1.0
+                  for k in range(len(s.completion_ids))] for s in base]
+
+        def batch(shift: float, masked: bool) -> TrainBatch:
+            return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids,
+                                             [v - shift * (1 - m) for v, m in zip(lp, mask)],
+                                             reward=float(i % 3 == 0), group=i // 4, loss_mask=mask if masked else [])
+                               for i, (s, lp, mask) in enumerate(zip(base, own, masks))])
+
+        group.train_step(batch(0.0, True), lr=1e-12, updates=1)  # the optimizer's state exists, to be saved
+        group.save_checkpoint(str(tmp_path))
+        logits, metrics = [], []
+        for shift, masked in ((0.0, True), (0.7, True), (0.7, False)):
+            group.load_checkpoint(str(tmp_path))
+            metrics.append(group.train_step(batch(shift, masked), lr=2e-2, updates=1))
+            logits.append(torch.cat([t.flatten() for t in group.logits(tokens[:4])]))
+    finally:
+        group.shutdown()
+    assert torch.equal(logits[0], logits[1])  # the masked tokens' old log-probs did not matter
+    assert (logits[2] - logits[0]).abs().max() > 1e-4  # trained on, they do
+    assert metrics[0]["tokens"] == sum(sum(m) for m in masks) < metrics[2]["tokens"]

@@ -69,3 +69,25 @@ class HFReference:
 def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     assert [len(x) for x in a] == [len(y) for y in b]
     return max((abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys)), default=0.0)
+
+
+def scripted_generate(tokenizer, script: dict[int, list[str]]):
+    """A stand-in for the engine's sampling in agent-loop tests: trajectory i's turns are `script[i]` in order,
+    tokenised and ended with the end-of-sequence token as a sampled turn would be."""
+    from collections import Counter
+
+    from rollout.samples import Sample, Samples
+
+    turns = Counter()
+
+    def generate(problems, max_new, seed):
+        items = []
+        for p in problems:
+            i = int(p.task_id)
+            text = script[i][turns[i]]
+            turns[i] += 1
+            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            items.append(Sample(prompt_index=0, task_id=p.task_id, prompt_ids=list(p.prompt_ids), completion_ids=ids,
+                                logprobs=[-0.1] * len(ids), text=text, finish_reason="stop"))
+        return Samples(items)
+    return generate

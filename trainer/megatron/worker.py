@@ -217,7 +217,7 @@ class MegatronWorker:
             full = [seq(i).prompt_ids + seq(i).completion_ids for i in chosen]
             tokens = torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
             labels = torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
-            mask = torch.tensor(rows(chosen, lambda s: [1.0] * len(s.completion_ids)), dtype=torch.float32)
+            mask = torch.tensor(rows(chosen, lambda s: s.trained_mask), dtype=torch.float32)
             old = torch.tensor(rows(chosen, lambda s: s.old_logprobs), dtype=torch.float32)
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
@@ -340,6 +340,10 @@ class MegatronWorker:
         if mode == "rl" and self.reference is not None and any(len(s.ref_logprobs) != len(s.completion_ids)
                                                                for s in seqs):
             raise ValueError("trainer.kl is on: every sequence needs the reference's log-probs (ref_logprobs)")
+        bad = next((s for s in seqs if s.loss_mask and len(s.loss_mask) != len(s.completion_ids)), None)
+        if bad is not None:
+            raise ValueError(f"a sequence's loss_mask has {len(bad.loss_mask)} entries for "
+                             f"{len(bad.completion_ids)} completion tokens")
         if mode == "rl" and batch.tis_cap is not None and any(len(s.rollout_logprobs) != len(s.completion_ids)
                                                               for s in seqs):
             raise ValueError("truncated importance sampling needs every sequence's rollout_logprobs")
@@ -361,7 +365,7 @@ class MegatronWorker:
             for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
                 chunk = order[lo:hi]
                 first = epoch == 0 and k == 0
-                chunk_tokens = max(sum(len(seqs[i].completion_ids) for i in chunk), 1)
+                chunk_tokens = max(sum(seqs[i].trained_tokens for i in chunk), 1)
                 if first and routed and replay:
                     free_gap, free_counts = self._unreplayed_pass(seqs, chunk, seq_len, dist, batch.tis_cap)
                     routing_stats["behaviour_gap_unreplayed"] = free_gap / chunk_tokens
@@ -375,7 +379,7 @@ class MegatronWorker:
                         routing_stats |= self._routing_metrics(counts, free_counts if replay else counts)
                 stats += step_stats
                 grad_norms.append(grad_norm)
-        tokens = float(sum(len(s.completion_ids) for s in seqs))
+        tokens = float(sum(s.trained_tokens for s in seqs))
         per_token = {name: float(v) / (tokens * epochs) for name, v in zip(STATS, stats.tolist())}
         out = {"loss": float(stats[0]) / (updates * epochs), "logp_mean": per_token["logp"],
                "sq_log_ratio": per_token["sq_log_ratio"], "entropy": per_token["entropy"],
@@ -441,7 +445,7 @@ class MegatronWorker:
                         mode: str, dist: TokenDistribution, tis_cap: float | None,
                         routing: RoutingPass | None = None) -> tuple[torch.Tensor, float, torch.Tensor]:
         dp = self.ps.get_data_parallel_world_size()
-        n_seqs, n_tokens = len(chunk), sum(len(seqs[i].completion_ids) for i in chunk)
+        n_seqs, n_tokens = len(chunk), sum(seqs[i].trained_tokens for i in chunk)
         mbs = self._micro_batches(seqs, chunk, adv, seq_len)
         # Each micro-batch's loss is its part of the mini-batch objective (normalised by the mini-batch's
         # counts); the schedule divides by the number of micro-batches and DDP averages over data-parallel

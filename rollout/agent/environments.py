@@ -1,0 +1,63 @@
+"""Multi-turn environments that are not tool calls: the model answers, the environment replies (feedback, a new
+observation) and says when the episode ends and what it earned.
+
+    env.reset(problem_columns) -> messages to start from
+    env.step(assistant_text) -> Step(messages to append, reward, done)
+
+`GuessingGame` is PipelineRL's: a secret number in 1..N, "higher"/"lower" after each guess, and a reward that
+falls with the number of guesses (1 on the first, falling linearly to 1/max_turns on the last allowed one, 0 when
+never found), so that a policy learns to bisect rather than only to find."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Step:
+    messages: list[dict[str, str]] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+
+
+class Environment(Protocol):
+    def reset(self, columns: dict[str, Any]) -> list[dict[str, str]]: ...
+
+    def step(self, assistant_text: str) -> Step: ...
+
+
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass
+class GuessingGame:
+    high: int = 100
+    max_turns: int = 8
+    secret: int = 0
+    turns: int = 0
+
+    def reset(self, columns: dict[str, Any]) -> list[dict[str, str]]:
+        secret = columns.get("secret")
+        if not isinstance(secret, int) or not 1 <= secret <= self.high:
+            raise ValueError(f"the guessing game needs a `secret` column: an integer in 1..{self.high}, got {secret!r}")
+        self.secret, self.turns = secret, 0
+        return [{"role": "user", "content": f"I picked a whole number from 1 to {self.high}. Guess it: answer with "
+                                            f"one number; I will say higher or lower. You have {self.max_turns} "
+                                            f"guesses."}]
+
+    def step(self, assistant_text: str) -> Step:
+        self.turns += 1
+        found = _INT.findall(assistant_text)
+        last_turn = self.turns >= self.max_turns
+        if not found:
+            return Step([{"role": "user", "content": "Answer with one number."}], 0.0, last_turn)
+        guess = int(found[-1])
+        if guess == self.secret:
+            return Step([], self.reward(self.turns), True)
+        hint = "higher" if guess < self.secret else "lower"
+        return Step([{"role": "user", "content": f"{guess} is wrong: {hint}."}], 0.0, last_turn)
+
+    def reward(self, turns: int) -> float:
+        """1 for a first-guess find, falling by 1/max_turns per extra guess."""
+        return 1.0 - (turns - 1) / self.max_turns

@@ -1,0 +1,217 @@
+"""The multi-turn rollout: every trajectory of a batch advances one turn per engine call, in lockstep (one
+`generate` of the live trajectories' token ids, then every reply at once), until each ends.
+
+An episode says what follows a model turn: `ToolEpisode` parses tool calls and runs them (results as `tool`
+messages; a malformed call or a failed tool becomes an error message the model reads, and is counted), and
+`EnvEpisode` asks an Environment (rollout/agent/environments.py). A trajectory ends when its episode says so,
+when the model's turn ends without a call (tools), at `max_turns`, when the model's turn ran out of tokens, or
+when the next turn would pass `max_total_tokens`; the sampled tokens are never re-encoded
+(rollout/agent/trajectory.py), so what the trainer trains on is what the engine sampled, plus masked inserts.
+
+This first version runs the turns of all trajectories in lockstep on the synchronous engine; tool calls of one
+trajectory overlap those of the others, not the generation of others (the asynchronous engine is next)."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..samples import Sample, Samples
+from ..tasks.base import Problem
+from .environments import Environment
+from .parsers import ToolParser
+from .tools import ToolBox
+from .trajectory import NotAppendOnly, Trajectory, inserted_tokens
+
+# generate(problems, max_new_tokens, seed) -> one Sample per problem, in order
+Generate = Callable[[list[Problem], int, int], Samples]
+
+
+@dataclass(frozen=True)
+class Reply:
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None  # set by episodes that score themselves (environments)
+
+
+class Episode(Protocol):
+    def start(self) -> list[dict[str, Any]]: ...
+
+    async def respond(self, assistant_text: str) -> Reply: ...
+
+
+class EnvEpisode:
+    def __init__(self, env: Environment, columns: dict[str, Any]) -> None:
+        self.env, self.columns = env, columns
+
+    def start(self) -> list[dict[str, Any]]:
+        return self.env.reset(self.columns)
+
+    async def respond(self, assistant_text: str) -> Reply:
+        step = self.env.step(assistant_text)
+        return Reply(step.messages, step.done, step.reward)
+
+
+class ToolEpisode:
+    """A conversation in which the model may call tools; it ends at the first turn without a call."""
+
+    def __init__(self, messages: list[dict[str, Any]], parser: ToolParser, tools: ToolBox,
+                 counts: Counter, resources: Sequence[Any] = ()) -> None:
+        self.messages, self.parser, self.tools, self.counts = messages, parser, tools, counts
+        self.resources = list(resources)  # closed when the trajectory ends (e.g. its python tool's session)
+        self.latencies: list[float] = []
+
+    async def close(self) -> None:
+        await asyncio.gather(*[r.close() for r in self.resources])
+
+    def start(self) -> list[dict[str, Any]]:
+        return list(self.messages)
+
+    async def respond(self, assistant_text: str) -> Reply:
+        turn = self.parser.parse(assistant_text)
+        self.counts["parse_errors"] += len(turn.errors)
+        if not turn.calls and not turn.errors:
+            return Reply(done=True)
+        outcomes = await asyncio.gather(*[self.tools.call(c) for c in turn.calls])
+        self.counts["calls"] += len(outcomes)
+        for o in outcomes:
+            self.latencies.append(o.latency_s)
+            if o.failure:
+                self.counts[f"failed_{o.failure}"] += 1
+        texts = [o.text for o in outcomes] + [f"error: the tool call could not be read: {e}" for e in turn.errors]
+        return Reply([{"role": "tool", "content": t} for t in texts])
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    max_turns: int = 4
+    max_total_tokens: int = 1024  # prompt excluded: everything sampled and inserted after it
+    max_tokens_per_turn: int = 256
+    max_tool_response_tokens: int = 256
+
+
+@dataclass
+class _Live:
+    index: int
+    episode: Episode
+    messages: list[dict[str, Any]]
+    traj: Trajectory
+    reward: float | None = None
+    finish: str = ""
+
+
+async def _close(episodes: list[Episode]) -> None:
+    await asyncio.gather(*[ep.close() for ep in episodes if hasattr(ep, "close")])
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    digest = hashlib.blake2b(f"agent/{seed}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**62 - 1)
+
+
+class AgentRunner:
+    def __init__(self, generate: Generate, tokenizer, limits: AgentLimits, tools: list[dict] | None = None,
+                 version: int = 0) -> None:
+        self.generate, self.tokenizer, self.limits = generate, tokenizer, limits
+        self.tools, self.version = tools, version
+        self.timings = Counter()
+
+    def run(self, episodes: Sequence[Episode], seed: int, task_ids: Sequence[str] | None = None) -> Samples:
+        """One trajectory per episode, as Samples whose completion is everything after the first prompt, with
+        its loss mask and versions; `reward` is the episode's own (environments) or None (score it after)."""
+        live = []
+        for i, ep in enumerate(episodes):
+            messages = ep.start()
+            prompt = self._render(messages)
+            live.append(_Live(i, ep, messages, Trajectory(prompt)))
+        done: list[_Live] = []
+        try:
+            self._turns(live, done, seed)
+        finally:
+            asyncio.run(_close([x.episode for x in live + done]))
+        done.sort(key=lambda x: x.index)
+        return Samples([self._sample(x, task_ids) for x in done])
+
+    def _turns(self, live: list[_Live], done: list[_Live], seed: int) -> None:
+        turn = 0
+        while live:
+            budget = [min(self.limits.max_tokens_per_turn, self.limits.max_total_tokens - len(x.traj.ids))
+                      for x in live]
+            t0 = time.monotonic()
+            samples = self.generate([Problem(task_id=str(x.index), prompt="", answer="",
+                                             prompt_ids=tuple(x.traj.all_ids)) for x in live],
+                                    max(1, min(budget)), turn_seed(seed, turn))
+            self.timings["generate_s"] += time.monotonic() - t0
+            for x, s in zip(live, samples.items, strict=True):
+                x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
+                x.messages = x.messages + [{"role": "assistant", "content": s.text}]
+                x.finish = s.finish_reason
+            t0 = time.monotonic()
+            replies = asyncio.run(self._respond(live))
+            self.timings["respond_s"] += time.monotonic() - t0
+            turn += 1
+            still = []
+            for x, reply in zip(live, replies):
+                if reply.reward is not None:
+                    x.reward = reply.reward
+                why = ("episode" if reply.done else "length" if x.finish == "length"
+                       else "max_turns" if turn >= self.limits.max_turns else "")
+                if not why:
+                    why = self._insert(x, reply.messages)
+                if why:
+                    x.finish = why
+                    done.append(x)
+                else:
+                    still.append(x)
+            live[:] = still
+
+    async def _respond(self, live: list[_Live]) -> list[Reply]:
+        return await asyncio.gather(*[x.episode.respond(x.messages[-1]["content"]) for x in live])
+
+    def _insert(self, x: _Live, new: list[dict[str, Any]]) -> str:
+        """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
+        new = [self._clip_tool_text(m) for m in new]
+        try:
+            ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.ids[-_last_turn_len(x.traj):], self.tools)
+        except NotAppendOnly:
+            return "template"
+        if len(x.traj.ids) + len(ids) >= self.limits.max_total_tokens:
+            return "max_total_tokens"
+        x.traj.add_inserted(ids)
+        x.messages = x.messages + new
+        return ""
+
+    def _clip_tool_text(self, message: dict[str, Any]) -> dict[str, Any]:
+        if message.get("role") != "tool":
+            return message
+        ids = self.tokenizer.encode(message["content"], add_special_tokens=False)
+        n = self.limits.max_tool_response_tokens
+        if len(ids) <= n:
+            return message
+        return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
+
+    def _render(self, messages: list[dict[str, Any]]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, tools=self.tools or None, tokenize=True,
+                                                 add_generation_prompt=True, return_dict=False)
+        return list(out)
+
+    def _sample(self, x: _Live, task_ids: Sequence[str] | None) -> Sample:
+        t = x.traj
+        return Sample(prompt_index=x.index, task_id=task_ids[x.index] if task_ids else str(x.index),
+                      prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
+                      text="".join(m["content"] for m in x.messages if m["role"] == "assistant"),
+                      reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask), versions=list(t.versions))
+
+
+def _last_turn_len(t: Trajectory) -> int:
+    """The number of tokens of the last sampled turn (the run of mask-1 tokens at the end)."""
+    n = 0
+    for m in reversed(t.mask):
+        if m != 1:
+            break
+        n += 1
+    return n

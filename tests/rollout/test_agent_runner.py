@@ -1,0 +1,108 @@
+"""Multi-turn rollouts (rollout/agent/runner.py) on the session's real engine: every trajectory's trained tokens
+are exactly the engine's sampled tokens plus the inserted ones, with masks, versions and behaviour log-probs that
+the engine itself reproduces; and the tool loop on scripted turns: calls, malformed calls and failing tools all
+become messages and counts, never a stopped rollout."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import ray
+from rollout_helpers import scripted_generate
+
+from rollout.agent import GuessingGame, HermesParser, ToolBox, tool_from_function
+from rollout.agent.runner import AgentLimits, AgentRunner, EnvEpisode, ToolEpisode
+from rollout.samples import Samples
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def test_guessing_games_on_the_engine_keep_every_sampled_token(rollout_engine, tokenizer):
+    calls: list[tuple[list, Samples]] = []
+
+    # the tiny random model seldom ends a turn on its own: a turn ends at its first digit (the stop token is kept
+    # as sampled, and the template closes the turn), so that games go on for several turns
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+
+    def generate(problems, max_new, seed):
+        out = ray.get(rollout_engine.generate.remote(problems, 1, max_new, 1.0, seed, 1.0, 0, (), digits),
+                      timeout=300)
+        calls.append(([(p.task_id, tuple(p.prompt_ids)) for p in problems], out))
+        return out
+
+    runner = AgentRunner(generate, tokenizer, AgentLimits(max_turns=3, max_total_tokens=300, max_tokens_per_turn=24),
+                         version=7)
+    episodes = [EnvEpisode(GuessingGame(high=9, max_turns=3), {"secret": 1 + i % 9}) for i in range(6)]
+    samples = runner.run(episodes, seed=11)
+    assert len(samples) == 6 and len(calls) >= 2  # at least one trajectory went on to a second turn
+    sampled_for = {key: s for keys, out in calls for key, s in zip(keys, out.items)}  # (trajectory, prefix) -> turn
+    for traj in samples:
+        pos = turns = 0
+        while pos < len(traj.completion_ids):
+            # the engine sampled this turn from exactly the trajectory so far: nothing decoded and re-encoded
+            s = sampled_for[(str(traj.prompt_index), tuple(traj.prompt_ids + traj.completion_ids[:pos]))]
+            n = len(s.completion_ids)
+            assert traj.completion_ids[pos:pos + n] == s.completion_ids and traj.loss_mask[pos:pos + n] == [1] * n
+            assert traj.logprobs[pos:pos + n] == s.logprobs and traj.versions[pos:pos + n] == [7] * n
+            pos, turns = pos + n, turns + 1
+            inserted = 0
+            while pos + inserted < len(traj.loss_mask) and traj.loss_mask[pos + inserted] == 0:
+                inserted += 1
+            assert traj.versions[pos:pos + inserted] == [-1] * inserted
+            assert traj.logprobs[pos:pos + inserted] == [0.0] * inserted
+            pos += inserted
+        assert 1 <= turns <= 3 and traj.finish_reason in ("episode", "length", "max_turns")
+        assert traj.reward is not None and 0 <= traj.reward <= 1
+    # the engine gives the sampled tokens of a whole multi-turn trajectory the log-probs it sampled them with
+    multi = [s for s in samples if 0 in s.loss_mask]
+    assert multi, "no trajectory had a second turn"
+    rescored = ray.get(rollout_engine.score_sequences.remote([s.prompt_ids for s in multi],
+                                                             [s.completion_ids for s in multi]), timeout=300)
+    for s, lps in zip(multi, rescored):
+        gaps = [abs(a - b) for a, b, m in zip(lps, s.logprobs, s.loss_mask) if m]
+        assert max(gaps) <= 1e-4, max(gaps)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def fails(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: anything
+    """
+    raise RuntimeError("boom")
+
+
+def test_tool_calls_malformed_calls_and_failing_tools_become_messages(tokenizer):
+    """Scripted model turns (a test double for the engine's sampling only), the real parser, tools and template."""
+    script = {0: ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "<tool_call>{oops</tool_call>",
+                  "The answer."],
+              1: ['<tool_call>{"name": "fails", "arguments": {"x": 1}}</tool_call>', "done"]}
+    generate = scripted_generate(tokenizer, script)
+
+    counts = Counter()
+    box = ToolBox([tool_from_function(add), tool_from_function(fails)])
+    runner = AgentRunner(generate, tokenizer, AgentLimits(max_turns=5, max_total_tokens=2000), tools=box.schemas)
+    episodes = [ToolEpisode([{"role": "user", "content": q}], HermesParser(), box, counts) for q in ("2+3?", "go")]
+    samples = runner.run(episodes, seed=0).items
+    assert [s.finish_reason for s in samples] == ["episode", "episode"]
+    assert counts == Counter(calls=2, parse_errors=1, failed_error=1)
+    text0 = tokenizer.decode(samples[0].completion_ids)
+    assert "tool: 5" in text0 and "could not be read" in text0 and text0.count("assistant: ") == 2
+    assert "RuntimeError: boom" in tokenizer.decode(samples[1].completion_ids)
+    for s in samples:  # inserted tokens carry no log-prob and no version
+        assert all((m == 1) == (v == 0) for m, v in zip(s.loss_mask, s.versions))

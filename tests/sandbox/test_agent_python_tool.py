@@ -1,0 +1,52 @@
+"""The agent's built-in `python` tool against the real sandbox service: one session per trajectory whose state
+lasts across calls and which is closed when the trajectory ends; hostile calls (an endless loop, a fork bomb,
+a flood of output) are contained, counted and answered, and the rollout goes on."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from rollout.agent import HermesParser, PythonSession, ToolBox
+from rollout.agent.runner import AgentLimits, AgentRunner, ToolEpisode
+from tests.rollout.rollout_helpers import scripted_generate
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
+
+
+def _call(code: str) -> str:
+    import json
+
+    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+
+
+def test_python_tool_sessions_per_trajectory(client, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    # two trajectories: the test service's pool of 4 holds 2 live sessions
+    script = {0: [_call("x = 6 * 7"), _call("print(x)"), "The answer is 42."],
+              1: [_call("while True:\n    pass"), _call("print('still here')"),
+                  _call("import os\nwhile True:\n    os.fork()"), _call("print('x' * 1_000_000)"), "ok"]}
+    generate = scripted_generate(tok, script)
+
+    counts, sessions, episodes = Counter(), [], []
+    for i in range(2):
+        py = PythonSession(client, limits={"output_kb": 8, "pids": 32}, cell_timeout_s=1.0)
+        box = ToolBox([py.tool()], timeout_s=30, max_chars=4000)
+        sessions.append(py)
+        episodes.append(ToolEpisode([{"role": "user", "content": f"task {i}"}], HermesParser(), box, counts, [py]))
+    runner = AgentRunner(generate, tok, AgentLimits(max_turns=5, max_total_tokens=20000, max_tool_response_tokens=300),
+                         tools=episodes[0].tools.schemas)
+    samples = runner.run(episodes, seed=0).items
+    texts = [tok.decode(s.completion_ids) for s in samples]
+    assert "tool: 42" in texts[0] and sessions[0].opened == 1  # one session kept x between the calls
+    assert "timed out" in texts[1] and "still here" in texts[1] and sessions[1].opened >= 2
+    assert counts["failed_timeout"] >= 1 and counts["calls"] == 6  # the endless loop (the fork bomb may time out too)
+    assert "tokens cut" in texts[1] or "characters cut" in texts[1]  # the flood reached the model cut
+    assert all(s.finish_reason == "episode" for s in samples)
+    deadline = time.monotonic() + 5  # closing kills the session's container and frees its slot just after
+    while client.health().sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.health().sessions == 0  # every trajectory's session was closed when it ended
