@@ -36,13 +36,19 @@ class SandboxClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
+    def _request(self, method: str, path: str, json: Any = None, stateful: bool = False) -> httpx.Response:
+        """`stateful`: a request that changes state on the server (a session's cell, opening a session) is
+        retried only when it cannot have reached the server (connection refused, 503): after a dropped
+        answer it may have run, and running a cell twice, or opening a session whose id is lost, is not
+        harmless as re-running a judged program is."""
         last: Exception | None = None
+        retried = (httpx.ConnectError,) if stateful else (httpx.ConnectError, httpx.RemoteProtocolError,
+                                                          httpx.ReadError)
         for attempt in range(self.retries + 1):
             delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
             try:
                 r = self._http.request(method, path, json=json)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            except retried as exc:
                 # Nothing ran if the connection failed; a dropped answer means the run may be repeated,
                 # which is harmless for a judge.
                 last = exc
@@ -86,11 +92,13 @@ class SandboxClient:
     def open_session(self, limits: Limits | dict | None = None, ttl_s: float = 300.0) -> str:
         req = SessionRequest(limits=Limits.model_validate(limits or {}), ttl_s=ttl_s)
         return SessionInfo.model_validate(
-            self._request("POST", "/sessions", json=req.model_dump(mode="json", exclude_none=True)).json()).id
+            self._request("POST", "/sessions", json=req.model_dump(mode="json", exclude_none=True),
+                          stateful=True).json()).id
 
     def run_in_session(self, session_id: str, code: str, timeout_s: float | None = None) -> SessionResult:
         body = SessionRun(code=code, timeout_s=timeout_s).model_dump(exclude_none=True)
-        return SessionResult.model_validate(self._request("POST", f"/sessions/{session_id}/run", json=body).json())
+        return SessionResult.model_validate(self._request("POST", f"/sessions/{session_id}/run", json=body,
+                                                          stateful=True).json())
 
     def close_session(self, session_id: str) -> None:
         self._request("DELETE", f"/sessions/{session_id}")

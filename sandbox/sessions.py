@@ -14,6 +14,7 @@ a reply is cut to the session's `output_kb` here."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import select
@@ -183,7 +184,12 @@ class _Reader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SessionEnded("timeout")
-            ready, _, _ = select.select([self.fd, self.pidfd], [], [], min(left, _CLOSE_POLL_S))
+            # poll, not select: select() cannot watch a descriptor numbered past 1024, and a service with
+            # hundreds of sessions has more open
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            poller.register(self.pidfd, select.POLLIN)
+            ready = {fd for fd, _ in poller.poll(math.ceil(min(left, _CLOSE_POLL_S) * 1000))}
             if self.fd in ready:
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:

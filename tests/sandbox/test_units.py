@@ -1,6 +1,7 @@
 """Pieces that need neither root nor crun: cgroup mode detection, harness generation, limits, OCI spec."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,37 @@ def test_judge_driver_gives_a_case_whose_exit_status_was_lost_an_re_never_a_pass
     assert "exit status was lost" in lost["stderr"]
     kept = driver._run_case(driver.Exec(["cat"]), "7\n", 10.0, 65536, no_memory_limit)
     assert (kept["verdict"], kept["exit_code"], kept["stdout"]) == (None, 0, "7\n")  # None: the checker decides
+
+
+def test_session_reader_waits_on_descriptors_past_1024():
+    """A service with hundreds of sessions holds more than 1024 descriptors; select() cannot watch those."""
+    import json
+    import os
+    import resource
+    import struct
+    import subprocess
+    import threading
+
+    from sandbox.sessions import _Reader
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1600:
+        pytest.skip(f"descriptors limited to {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    r, w = os.pipe()
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    high_r, high_pid = 1500, 1501
+    os.dup2(r, high_r)
+    os.dup2(pidfd, high_pid)
+    try:
+        body = json.dumps({"id": "x", "stdout": "hi"}).encode()
+        os.write(w, struct.pack("<I", len(body)) + body)
+        reader = _Reader(high_r, high_pid, threading.Event())
+        assert reader.message(time.monotonic() + 5) == {"id": "x", "stdout": "hi"}
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (r, w, pidfd, high_r, high_pid):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
