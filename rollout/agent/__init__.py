@@ -2,11 +2,11 @@
 tokens as sampled. The agent loop that drives them against the engine comes next."""
 from .environments import Environment, GuessingGame, Step
 from .python_tool import PythonSession
-from .runner import AgentLimits, AgentRunner, EnvEpisode, Episode, Reply, ToolEpisode
+from .runner import AgentLimits, AgentRunner, EnvEpisode, Episode, Reply, ToolEpisode, agent_metrics
 from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser
 from .tools import Tool, ToolBox, ToolOutcome, load_tool, tool_from_function
 from .trajectory import NotAppendOnly, Trajectory, inserted_tokens
 
-__all__ = ["PythonSession", "AgentLimits", "AgentRunner", "EnvEpisode", "Episode", "Reply", "ToolEpisode", "Environment", "GuessingGame", "Step", "PARSERS", "HermesParser", "Llama3JsonParser", "ParsedTurn", "ToolCall", "ToolParser", "get_parser",
+__all__ = ["PythonSession", "AgentLimits", "AgentRunner", "EnvEpisode", "Episode", "Reply", "ToolEpisode", "agent_metrics", "Environment", "GuessingGame", "Step", "PARSERS", "HermesParser", "Llama3JsonParser", "ParsedTurn", "ToolCall", "ToolParser", "get_parser",
            "Tool", "ToolBox", "ToolOutcome", "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory",
            "inserted_tokens"]

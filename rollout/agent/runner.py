@@ -215,3 +215,25 @@ def _last_turn_len(t: Trajectory) -> int:
             break
         n += 1
     return n
+
+
+def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float]) -> dict[str, float]:
+    """One iteration's agent metrics, under TRL's names where it has them (`tools/call_frequency`,
+    `tools/failure_frequency`): calls and parse errors per trajectory, the share of calls that failed, timeouts,
+    tool latency p50/p95, turns per trajectory (mean, max) and the share of completion tokens tide inserted."""
+    n = max(len(samples), 1)
+    calls = counts.get("calls", 0)
+    failed = sum(v for k, v in counts.items() if k.startswith("failed_"))
+    turns = [sum(1 for a, b in zip([0] + s.loss_mask, s.loss_mask) if b == 1 and a != 1) for s in samples
+             if s.loss_mask]
+    tokens = sum(len(s.loss_mask or []) for s in samples)
+    lat = sorted(latencies)
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
+    return {"tools/call_frequency": calls / n, "tools/failure_frequency": failed / calls if calls else 0.0,
+            "tools/parse_errors": counts.get("parse_errors", 0) / n, "tools/timeouts": float(counts.get("failed_timeout", 0)),
+            "tools/latency_p50_s": pct(0.5), "tools/latency_p95_s": pct(0.95),
+            "turns/mean": sum(turns) / len(turns) if turns else 0.0, "turns/max": float(max(turns, default=0)),
+            "masked_token_share": sum(m == 0 for s in samples for m in (s.loss_mask or [])) / tokens if tokens else 0.0}
+

@@ -11,7 +11,7 @@ import ray
 from rollout_helpers import scripted_generate
 
 from rollout.agent import GuessingGame, HermesParser, ToolBox, tool_from_function
-from rollout.agent.runner import AgentLimits, AgentRunner, EnvEpisode, ToolEpisode
+from rollout.agent.runner import AgentLimits, AgentRunner, EnvEpisode, ToolEpisode, agent_metrics
 from rollout.samples import Samples
 
 
@@ -106,3 +106,9 @@ def test_tool_calls_malformed_calls_and_failing_tools_become_messages(tokenizer)
     assert "RuntimeError: boom" in tokenizer.decode(samples[1].completion_ids)
     for s in samples:  # inserted tokens carry no log-prob and no version
         assert all((m == 1) == (v == 0) for m, v in zip(s.loss_mask, s.versions))
+    lat = [x for ep in episodes for x in ep.latencies]
+    m = agent_metrics(Samples(samples), counts, lat)
+    assert (m["tools/call_frequency"], m["tools/failure_frequency"], m["tools/parse_errors"]) == (1.0, 0.5, 0.5)
+    assert (m["turns/mean"], m["turns/max"]) == (2.5, 3.0) and len(lat) == 2
+    share = sum(x == 0 for s in samples for x in s.loss_mask) / sum(len(s.loss_mask) for s in samples)
+    assert m["masked_token_share"] == share and 0 < share < 1
