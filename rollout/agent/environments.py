@@ -6,7 +6,11 @@ observation) and says when the episode ends and what it earned.
 
 `GuessingGame` is PipelineRL's: a secret number in 1..N, "higher"/"lower" after each guess, and a reward that
 falls with the number of guesses (1 on the first, falling linearly to 1/max_turns on the last allowed one, 0 when
-never found), so that a policy learns to bisect rather than only to find."""
+never found), so that a policy learns to bisect rather than only to find.
+
+`CodeFeedback` is code with execution feedback: the model's code runs against the problem's tests in the sandbox
+(tests mode, verdicts the code cannot forge); the failing tests go back to the model, which tries again, up to
+`max_turns`. The reward is the last attempt's pass fraction, as the `code` reward gives a single attempt."""
 from __future__ import annotations
 
 import re
@@ -61,3 +65,37 @@ class GuessingGame:
     def reward(self, turns: int) -> float:
         """1 for a first-guess find, falling by 1/max_turns per extra guess."""
         return 1.0 - (turns - 1) / self.max_turns
+
+
+@dataclass
+class CodeFeedback:
+    client: Any  # sandbox.client.SandboxClient
+    max_turns: int = 3
+    limits: dict[str, Any] = field(default_factory=lambda: {"timeout_s": 5.0, "memory_mb": 256, "output_kb": 64})
+    max_feedback_chars: int = 1500
+    tests: list[str] = field(default_factory=list)
+    language: str = "python"
+    turns: int = 0
+
+    def reset(self, columns: dict[str, Any]) -> list[dict[str, str]]:
+        tests, prompt = columns.get("tests"), columns.get("prompt")
+        if not tests or not isinstance(prompt, str):
+            raise ValueError("code with feedback needs `prompt` (the problem's text) and `tests` columns")
+        self.tests, self.language, self.turns = list(tests), columns.get("language") or "python", 0
+        return [{"role": "user", "content": prompt}]
+
+    def step(self, assistant_text: str) -> Step:
+        from rollout.tasks.code import extract_code
+
+        self.turns += 1
+        r = self.client.run(self.language, extract_code(assistant_text), tests=self.tests, limits=self.limits)
+        if r.status.value == "internal_error":
+            raise RuntimeError(f"sandbox internal error: {r.stderr[:500]}")
+        passed, total = r.tests_passed or 0, r.tests_total or len(self.tests)
+        if passed == total or self.turns >= self.max_turns:
+            return Step([], passed / total if total else 0.0, True)
+        detail = (r.stderr or r.stdout)[-self.max_feedback_chars:]
+        why = "" if r.status.value == "ok" else f" ({r.status.value.replace('_', ' ')})"
+        return Step([{"role": "user", "content": f"{total - passed} of {total} tests failed{why}:\n{detail}\n"
+                                                 f"Fix the code."}], 0.0, False)
+

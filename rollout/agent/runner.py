@@ -52,7 +52,7 @@ class EnvEpisode:
         return self.env.reset(self.columns)
 
     async def respond(self, assistant_text: str) -> Reply:
-        step = self.env.step(assistant_text)
+        step = await asyncio.to_thread(self.env.step, assistant_text)  # a sandbox call must not hold the others
         return Reply(step.messages, step.done, step.reward)
 
 

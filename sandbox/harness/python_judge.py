@@ -410,6 +410,8 @@ def main() -> None:
                 ok = True
             except BaseException:
                 traceback.print_exc()
+                # which test, in words, as the other languages' verdicts say it (the traceback names "test<i>")
+                sys.stderr.write(f"tide: test {i} failed: {src if len(src) <= 200 else src[:200] + '...'}\n")
         sys.stdout.flush()
         sys.stderr.flush()
         _write_line(1, f"{nonce} {i} {'pass' if ok else 'fail'}\n".encode())

@@ -50,3 +50,23 @@ def test_python_tool_sessions_per_trajectory(client, tiny_model_dir):
     while client.health().sessions and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client.health().sessions == 0  # every trajectory's session was closed when it ended
+
+
+def test_code_with_feedback_sends_failing_tests_back_until_they_pass(client, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from rollout.agent import CodeFeedback
+    from rollout.agent.runner import EnvEpisode
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    wrong, right = "```python\ndef add(a, b):\n    return a - b\n```", "```python\ndef add(a, b):\n    return a + b\n```"
+    script = {0: [wrong, right], 1: [wrong, wrong, wrong], 2: ["```python\nimport os\nos._exit(0)\n```", right]}
+    columns = {"prompt": "Write add(a, b).", "tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}
+    episodes = [EnvEpisode(CodeFeedback(client, max_turns=3), columns) for _ in range(3)]
+    runner = AgentRunner(scripted_generate(tok, script), tok, AgentLimits(max_turns=5, max_total_tokens=5000))
+    samples = runner.run(episodes, seed=0).items
+    assert [s.reward for s in samples] == [1.0, 0.5, 1.0]  # add(0, 0) == 0 passes even with a - b
+    assert [sum(1 for a, b in zip([0] + s.loss_mask, s.loss_mask) if b == 1 and a != 1) for s in samples] == [2, 3, 2]
+    fed_back = tok.decode(samples[0].completion_ids)
+    assert "1 of 2 tests failed" in fed_back and "assert add(1, 2) == 3" in fed_back and "Fix the code." in fed_back
+    assert "2 of 2 tests failed" in tok.decode(samples[2].completion_ids)  # an early exit passes nothing
