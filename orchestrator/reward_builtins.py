@@ -48,7 +48,7 @@ def _math(prompts, completions, answer, **_) -> list[float]:
 def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, language=None, cases=None, checker=None,
           test_setup=None, test_imports=None, test_setup_code=None, solution_names=None, entry_point=None,
           **_) -> list[float | None]:
-    from rollout.tasks.code import score_in_sandbox
+    from rollout.tasks.code import CODE_LIMITS, score_in_sandbox
     from sandbox.client import SandboxClient
 
     def column(values, i):
@@ -61,7 +61,7 @@ def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, languag
     todo = [i for i, spec in enumerate(specs) if spec is not None]
     out: list[float | None] = [None] * len(completions)
     client = SandboxClient(sandbox_url, token=os.environ.get("TIDE_SANDBOX_TOKEN"))
-    scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], _code_limits())
+    scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], CODE_LIMITS)
     for i, v in zip(todo, scores):
         out[i] = v
     return out
@@ -122,12 +122,6 @@ def _plain_number(text: str) -> Fraction | None:
 
 
 BUILTIN_FNS: dict[str, Callable] = {"exact": _exact, "numeric": _numeric, "math": _math, "code": _code}
-
-
-def _code_limits():
-    from sandbox.models import Limits
-
-    return Limits(timeout_s=5.0, memory_mb=256, output_kb=64)  # the code task's own limits
 
 
 

@@ -92,6 +92,9 @@ class CellResult(BaseModel):
     error: list[dict] = Field(default_factory=list)
 
 
+_PYTHON = ("python", "python3", "py")  # the names a request may give Python by
+
+
 class RunRequest(BaseModel):
     language: str
     code: str
@@ -103,7 +106,7 @@ class RunRequest(BaseModel):
                             "solution's")
     solution_names: list[str] | None = Field(None, description="Python tests mode: the solution's names the tests "
                                              "may use (HumanEval's entry_point); default: the names the tests "
-                                             "read that no builtin, standard-library module or test_setup gives")
+                                             "call or pass to a call that no builtin or test_setup gives")
     limits: Limits = Field(default_factory=Limits)
     image: str | None = Field(None, description="image name; default: the server's default image")
     binary_files: dict[str, str] = Field(default_factory=dict,
@@ -124,10 +127,10 @@ class RunRequest(BaseModel):
     def _one_mode(self) -> "RunRequest":
         if sum(map(bool, (self.tests, self.cases, self.cells))) > 1:
             raise ValueError("give one of `tests` (tests mode), `cases` (judge mode) or `cells` (Jupyter mode)")
-        if self.cells and self.language not in ("python", "python3", "py"):
+        if self.cells and self.language not in _PYTHON:
             raise ValueError("Jupyter mode (`cells`) runs a python kernel: language must be python")
         if (self.test_setup or self.solution_names is not None) and not (
-                self.tests and self.language in ("python", "python3", "py")):
+                self.tests and self.language in _PYTHON):
             raise ValueError("`test_setup` and `solution_names` belong to Python's tests mode (`tests` with "
                              "language python); other languages' tests see what their program declares")
         return self

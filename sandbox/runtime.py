@@ -578,7 +578,7 @@ class SandboxRuntime:
         compile_out = (self.config.compile_limits.output_kb or 64) * 1024
         binary = {k: base64.b64decode(v, validate=True) for k, v in req.binary_files.items()}
         if splits is not None:
-            expected = self._expected_values(w, image, lang, req, splits)
+            expected = self._expected_values(w, image, lang, req, splits, binary)
         checker = None
         if req.cases and req.checker.kind == "program":
             checker = self._checker_program(w, image, req)
@@ -636,8 +636,8 @@ class SandboxRuntime:
         so that what is cached for a test set does not depend on who asked first."""
         return self.config.compile_step(self.config.effective(Limits()))
 
-    def _expected_values(self, w: Worker, image: Image, lang: Language, req: RunRequest,
-                         splits: list[Split]) -> Expected:
+    def _expected_values(self, w: Worker, image: Image, lang: Language, req: RunRequest, splits: list[Split],
+                         binary_files: dict[str, bytes]) -> Expected:
         """Tests mode outside Python: evaluate the tests' expected sides, in a container of their own (with the
         request's files, without the solution), before anything of the solution's runs. Cached by test set, and
         only when every expected value was recorded by a program that ran to its end."""
@@ -649,7 +649,7 @@ class SandboxRuntime:
         elimits = self._side_limits()
         steps = [command(lang, step, files, elimits.memory_mb) for step in (lang.compile, lang.run) if step]
         p, data = self._side_phase(w, image, "expected", EXPECTED_DIR, files, steps, elimits, ".tide_values",
-                                   elimits.disk_mb << 20, req)
+                                   elimits.disk_mb << 20, req.files, binary_files)
         error = ""
         if p.runtime_error or p.exit_code != 0 or p.timed_out or p.oom or p.output_exceeded:
             why = (p.runtime_error or "timed out" if p.timed_out else "ran out of memory" if p.oom
@@ -687,15 +687,15 @@ class SandboxRuntime:
 
     def _side_phase(self, w: Worker, image: Image, tag: str, subdir: str, files: dict[str, str],
                     steps: list[list[str]], limits: Resolved, product: str, max_bytes: int,
-                    req: RunRequest | None = None) -> tuple[Phase, bytes]:
+                    given: dict[str, str] | None = None, binary_files: dict[str, bytes] | None = None,
+                    ) -> tuple[Phase, bytes]:
         """Run `steps` (e.g. compile, then run) on `files` in /work/<subdir> of a container of their own, with the
-        request's files (`req`) in /work, and return the phase and the file `product` it left there, read from
+        request's files (`given`, `binary_files`) in /work, and return the phase and the file `product` it left there, read from
         outside without following links. The container's whole writable layer goes with its mounts, so nothing
         a toolchain writes anywhere (Go's build cache, Rust's target directory, Java's classes, temp files)
         outlives the phase: the solution's container starts from the image."""
-        given = dict(req.files) if req else {}
-        binary = {k: base64.b64decode(v) for k, v in req.binary_files.items()} if req else {}
-        with self._workspace(w, limits, image, given, binary, b"", limits.output_kb * 1024) as (rootfs, out, _):
+        with self._workspace(w, limits, image, given or {}, binary_files or {}, b"",
+                             limits.output_kb * 1024) as (rootfs, out, _):
             sub = Path(rootfs, "work", subdir)
             sub.mkdir()
             os.chown(sub, SANDBOX_UID, SANDBOX_GID)

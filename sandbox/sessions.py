@@ -176,6 +176,11 @@ class _Reader:
 
     def __init__(self, fd: int, pidfd: int, closing: threading.Event) -> None:
         self.fd, self.pidfd, self.closing, self.buf = fd, pidfd, closing, b""
+        # poll, not select: select() cannot watch a descriptor numbered past 1024, and a service with hundreds of
+        # sessions has more open
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+        self.poller.register(pidfd, select.POLLIN)
 
     def _fill(self, n: int, deadline: float) -> None:
         while len(self.buf) < n:
@@ -184,12 +189,7 @@ class _Reader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SessionEnded("timeout")
-            # poll, not select: select() cannot watch a descriptor numbered past 1024, and a service with
-            # hundreds of sessions has more open
-            poller = select.poll()
-            poller.register(self.fd, select.POLLIN)
-            poller.register(self.pidfd, select.POLLIN)
-            ready = {fd for fd, _ in poller.poll(math.ceil(min(left, _CLOSE_POLL_S) * 1000))}
+            ready = {fd for fd, _ in self.poller.poll(math.ceil(min(left, _CLOSE_POLL_S) * 1000))}
             if self.fd in ready:
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:

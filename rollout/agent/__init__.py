@@ -1,12 +1,14 @@
-"""Multi-turn agents (issue 33, in progress): tool-call parsers, tools and trajectories that keep the model's
-tokens as sampled. The agent loop that drives them against the engine comes next."""
+"""Multi-turn agents (issue 33, in progress): tool-call parsers, tools, environments, trajectories that keep the
+model's tokens as sampled, and the runner that drives them turn by turn on the engine. Not yet wired into the
+training loop."""
 from .environments import CodeFeedback, Environment, GuessingGame, Step
+from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser
 from .python_tool import PythonSession
 from .runner import AgentLimits, AgentRunner, EnvEpisode, Episode, Reply, ToolEpisode, agent_metrics
-from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser
 from .tools import Tool, ToolBox, ToolOutcome, load_tool, tool_from_function
-from .trajectory import NotAppendOnly, Trajectory, inserted_tokens
+from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
 
-__all__ = ["PythonSession", "AgentLimits", "AgentRunner", "EnvEpisode", "Episode", "Reply", "ToolEpisode", "agent_metrics", "CodeFeedback", "Environment", "GuessingGame", "Step", "PARSERS", "HermesParser", "Llama3JsonParser", "ParsedTurn", "ToolCall", "ToolParser", "get_parser",
-           "Tool", "ToolBox", "ToolOutcome", "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory",
-           "inserted_tokens"]
+__all__ = ["CodeFeedback", "Environment", "GuessingGame", "Step", "PARSERS", "HermesParser", "Llama3JsonParser",
+           "ParsedTurn", "ToolCall", "ToolParser", "get_parser", "PythonSession", "AgentLimits", "AgentRunner",
+           "EnvEpisode", "Episode", "Reply", "ToolEpisode", "agent_metrics", "Tool", "ToolBox", "ToolOutcome",
+           "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory", "inserted_tokens", "render"]

@@ -71,7 +71,7 @@ class GuessingGame:
 class CodeFeedback:
     client: Any  # sandbox.client.SandboxClient
     max_turns: int = 3
-    limits: dict[str, Any] = field(default_factory=lambda: {"timeout_s": 5.0, "memory_mb": 256, "output_kb": 64})
+    limits: Any = None  # sandbox.models.Limits; None: the code reward's (rollout.tasks.code.CODE_LIMITS)
     max_feedback_chars: int = 1500
     tests: list[str] = field(default_factory=list)
     language: str = "python"
@@ -85,15 +85,15 @@ class CodeFeedback:
         return [{"role": "user", "content": prompt}]
 
     def step(self, assistant_text: str) -> Step:
-        from rollout.tasks.code import extract_code
+        from rollout.tasks.code import CODE_LIMITS, extract_code, pass_fraction
 
         self.turns += 1
-        r = self.client.run(self.language, extract_code(assistant_text), tests=self.tests, limits=self.limits)
-        if r.status.value == "internal_error":
-            raise RuntimeError(f"sandbox internal error: {r.stderr[:500]}")
+        r = self.client.run(self.language, extract_code(assistant_text), tests=self.tests,
+                            limits=self.limits or CODE_LIMITS)
+        fraction = pass_fraction(r)
+        if fraction == 1.0 or self.turns >= self.max_turns:
+            return Step([], fraction, True)
         passed, total = r.tests_passed or 0, r.tests_total or len(self.tests)
-        if passed == total or self.turns >= self.max_turns:
-            return Step([], passed / total if total else 0.0, True)
         detail = (r.stderr or r.stdout)[-self.max_feedback_chars:]
         why = "" if r.status.value == "ok" else f" ({r.status.value.replace('_', ' ')})"
         return Step([{"role": "user", "content": f"{total - passed} of {total} tests failed{why}:\n{detail}\n"

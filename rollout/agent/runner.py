@@ -25,7 +25,7 @@ from ..tasks.base import Problem
 from .environments import Environment
 from .parsers import ToolParser
 from .tools import ToolBox
-from .trajectory import NotAppendOnly, Trajectory, inserted_tokens
+from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
 
 # generate(problems, max_new_tokens, seed) -> one Sample per problem, in order
 Generate = Callable[[list[Problem], int, int], Samples]
@@ -126,8 +126,7 @@ class AgentRunner:
         live = []
         for i, ep in enumerate(episodes):
             messages = ep.start()
-            prompt = self._render(messages)
-            live.append(_Live(i, ep, messages, Trajectory(prompt)))
+            live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True))))
         done: list[_Live] = []
         try:
             self._turns(live, done, seed)
@@ -148,7 +147,7 @@ class AgentRunner:
             self.timings["generate_s"] += time.monotonic() - t0
             for x, s in zip(live, samples.items, strict=True):
                 x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
-                x.messages = x.messages + [{"role": "assistant", "content": s.text}]
+                x.messages.append({"role": "assistant", "content": s.text})
                 x.finish = s.finish_reason
             t0 = time.monotonic()
             replies = asyncio.run(self._respond(live))
@@ -176,13 +175,13 @@ class AgentRunner:
         """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
         new = [self._clip_tool_text(m) for m in new]
         try:
-            ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.ids[-_last_turn_len(x.traj):], self.tools)
+            ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.last_turn, self.tools)
         except NotAppendOnly:
             return "template"
         if len(x.traj.ids) + len(ids) >= self.limits.max_total_tokens:
             return "max_total_tokens"
         x.traj.add_inserted(ids)
-        x.messages = x.messages + new
+        x.messages.extend(new)
         return ""
 
     def _clip_tool_text(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -194,27 +193,12 @@ class AgentRunner:
             return message
         return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
 
-    def _render(self, messages: list[dict[str, Any]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tools=self.tools or None, tokenize=True,
-                                                 add_generation_prompt=True, return_dict=False)
-        return list(out)
-
     def _sample(self, x: _Live, task_ids: Sequence[str] | None) -> Sample:
         t = x.traj
         return Sample(prompt_index=x.index, task_id=task_ids[x.index] if task_ids else str(x.index),
                       prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
                       text="".join(m["content"] for m in x.messages if m["role"] == "assistant"),
                       reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask), versions=list(t.versions))
-
-
-def _last_turn_len(t: Trajectory) -> int:
-    """The number of tokens of the last sampled turn (the run of mask-1 tokens at the end)."""
-    n = 0
-    for m in reversed(t.mask):
-        if m != 1:
-            break
-        n += 1
-    return n
 
 
 def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float]) -> dict[str, float]:

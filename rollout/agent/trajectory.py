@@ -50,12 +50,21 @@ class Trajectory:
         return self.prompt_ids + self.ids
 
     @property
+    def last_turn(self) -> list[int]:
+        """The tokens of the last sampled turn: the run of mask-1 tokens at the end."""
+        n = len(self.mask)
+        while n and self.mask[n - 1] == 1:
+            n -= 1
+        return self.ids[n:]
+
+    @property
     def masked_share(self) -> float:
         """The share of the completion's tokens that tide inserted (not trained on)."""
         return 1 - sum(self.mask) / len(self.mask) if self.mask else 0.0
 
 
-def _render(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
+    """The conversation's token ids as the chat template renders them."""
     out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
                                         add_generation_prompt=generation_prompt, return_dict=False)
     return list(out["input_ids"] if isinstance(out, dict) else out)
@@ -68,9 +77,9 @@ def inserted_tokens(tokenizer, messages: list[dict[str, Any]], new_messages: lis
     generation prompt; see the module's docstring."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("the last message must be the model's (assistant) turn the tokens were sampled for")
-    before = _render(tokenizer, messages[:-1], tools, True)  # what the model continued from
-    turn = _render(tokenizer, messages, tools, False)
-    full = _render(tokenizer, messages + new_messages, tools, True)
+    before = render(tokenizer, messages[:-1], tools, True)  # what the model continued from
+    turn = render(tokenizer, messages, tools, False)
+    full = render(tokenizer, messages + new_messages, tools, True)
     for shorter, longer, what in ((before, turn, "the model's turn"), (turn, full, "the new messages")):
         if longer[:len(shorter)] != shorter:
             at = next(i for i, (a, b) in enumerate(zip(shorter, longer)) if a != b) if any(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sandbox.client import SandboxClient
-from sandbox.models import Limits, RunRequest, Status
+from sandbox.models import Limits, RunRequest, RunResult, Status
 
 from .base import Problem
 
@@ -89,6 +89,18 @@ def judge_cases(cases: Any) -> list[dict]:
             for c in cases]
 
 
+CODE_LIMITS = Limits(timeout_s=5.0, memory_mb=256, output_kb=64)  # what a code reward's run may use
+
+
+def pass_fraction(res: RunResult) -> float:
+    """The fraction of its tests (tests mode) or cases (judge mode) a run passed; a sandbox fault, not the
+    program's, raises."""
+    if res.status is Status.internal_error:
+        raise RuntimeError(f"sandbox internal error: {res.stderr[:500]}")
+    passed, total = (res.cases_passed, res.cases_total) if res.cases_total else (res.tests_passed, res.tests_total)
+    return (passed or 0) / total if total else 0.0
+
+
 def score_in_sandbox(client: SandboxClient, specs: Sequence[dict], completions: Sequence[str],
                      limits: Limits) -> list[float]:
     """The fraction of its spec's tests ({"language", "tests", optional "test_setup" and "solution_names"}) or
@@ -102,21 +114,15 @@ def score_in_sandbox(client: SandboxClient, specs: Sequence[dict], completions: 
         else:
             reqs.append(RunRequest(**common, tests=list(spec["tests"]), test_setup=spec.get("test_setup") or "",
                                    solution_names=spec.get("solution_names")))
-    rewards = []
-    for res in client.run_batch(reqs):
-        if res.status is Status.internal_error:
-            raise RuntimeError(f"sandbox internal error: {res.stderr[:500]}")
-        passed, total = (res.cases_passed, res.cases_total) if res.cases_total else (res.tests_passed, res.tests_total)
-        rewards.append((passed or 0) / total if total else 0.0)
-    return rewards
+    return [pass_fraction(res) for res in client.run_batch(reqs)]
 
 
 @dataclass
 class CodeTask:
     sandbox_url: str = "http://127.0.0.1:8600"
     token: str | None = field(default_factory=lambda: os.environ.get("TIDE_SANDBOX_TOKEN"))
-    timeout_s: float = 5.0
-    memory_mb: int = 256
+    timeout_s: float = CODE_LIMITS.timeout_s
+    memory_mb: int = CODE_LIMITS.memory_mb
     name: str = "code"
     _client: SandboxClient | None = field(default=None, init=False, repr=False)
 
@@ -137,7 +143,8 @@ class CodeTask:
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
         return score_in_sandbox(self.client, [json.loads(p.answer) for p in problems], completions,
-                                Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, output_kb=64))
+                                CODE_LIMITS.model_copy(update={"timeout_s": self.timeout_s,
+                                                               "memory_mb": self.memory_mb}))
 
     def corpus(self) -> str:
         rng = _rng(0, 3)

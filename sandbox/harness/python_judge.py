@@ -9,6 +9,7 @@ builtins or a fake `assert` never reach the verdict, and the expected values nev
 process is made non-dumpable before it reads anything secret, so the solution (same uid) cannot read its memory
 or file descriptors through /proc; the solution's stdout and stderr reach the container's through this
 process, line by line, and the verdict lines carry a nonce the solution never sees."""
+import ast
 import builtins
 import importlib.util
 import json
@@ -307,8 +308,6 @@ def _free_names(sources: list[str]) -> tuple[set[str], set[str]]:
     """Names the tests read without binding them anywhere themselves (a function, parameter, assignment, import,
     loop or comprehension variable of theirs): what they expect from elsewhere; and those of them they call or
     pass to a call (`area(2)`, `check(add)`)."""
-    import ast
-
     read, bound, called = set(), set(), set()
     for src in sources:
         try:
@@ -359,8 +358,6 @@ def _tests_scope(data: dict, loaded: dict) -> dict:
 
 def _bound_names(source: str) -> set[str]:
     """Names a piece of code binds at its top level (what exec() of it leaves in a scope), by syntax."""
-    import ast
-
     try:
         tree = ast.parse(source)
     except SyntaxError:
