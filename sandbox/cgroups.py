@@ -335,15 +335,20 @@ class CgroupPool:
         if self.layout.mode is CgroupMode.V2:
             self._enable_v2_controllers(bases[""])
         for i in range(self.size):
-            dirs: dict[str, Path] = {}
-            for c, base in bases.items():
-                d = base / self.slot_name(os.getpid(), i)
-                d.mkdir(exist_ok=True)
-                dirs[c] = d
-            slot = Slot(self.layout, dirs, i)
-            slot.open_counters()
-            self.slots.append(slot)
+            self.add_slot(i)
         return self.slots
+
+    def add_slot(self, index: int) -> Slot:
+        """One more slot (the run pool's at create; sessions' seats later), removed with the others by destroy."""
+        dirs: dict[str, Path] = {}
+        for c, base in self.bases().items():
+            d = base / self.slot_name(os.getpid(), index)
+            d.mkdir(exist_ok=True)
+            dirs[c] = d
+        slot = Slot(self.layout, dirs, index)
+        slot.open_counters()
+        self.slots.append(slot)
+        return slot
 
     def _enable_v2_controllers(self, base: Path) -> None:
         """Enable memory/pids/cpu for the slots. The service's cgroup must be a delegated subtree."""

@@ -40,8 +40,8 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
           no_pivot: bool = typer.Option(False, help="crun --no-pivot: chroot instead of pivot_root (faster "
                                         "under load; see README)"),
           token: Optional[str] = typer.Option(None, envvar="TIDE_SANDBOX_TOKEN", help="required bearer token"),
-          max_sessions: Optional[int] = typer.Option(None, help="live sessions (each holds a slot; default half "
-                                                     "the pool)"),
+          max_sessions: int = typer.Option(512, help="live sessions at once (each in a container and cgroup slot "
+                                           "of its own, beside the run pool)"),
           max_session_s: float = typer.Option(3600.0, help="a session's longest life"),
           log_level: str = "info") -> None:
     """Start the HTTP service (needs root, or delegated cgroups plus overlayfs)."""

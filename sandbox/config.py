@@ -14,7 +14,9 @@ class SandboxConfig(BaseModel):
     state_dir: Path = Path("/run/tide-sandbox")
     pool_size: int = Field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)))
     max_queue: int = 64  # requests waiting for a slot beyond the pool; more get 503
-    max_sessions: int | None = Field(None, ge=1)  # live sessions (each holds a slot); None: half the pool
+    # live sessions, each on a slot of its own beside the run pool: an idle session costs a waiting interpreter
+    # (about 10 MB), not a slot runs need
+    max_sessions: int = Field(512, ge=1)
     max_session_s: float = Field(3600.0, gt=0)  # a session's longest life, however busy
     crun: str = "crun"
     cgroup_parent: str | None = None  # default: the service's own cgroup in each hierarchy

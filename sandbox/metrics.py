@@ -12,3 +12,5 @@ BUSY = Gauge("tide_sandbox_busy_slots", "Slots running an execution", registry=R
 QUEUED = Gauge("tide_sandbox_queued", "Executions accepted and waiting for a slot", registry=REGISTRY)
 BROKEN = Gauge("tide_sandbox_broken_slots", "Slots taken out of service (a process would not die)",
                registry=REGISTRY)
+SESSIONS = Gauge("tide_sandbox_sessions", "Live sessions (each on a seat of its own, beside the run pool)",
+                 registry=REGISTRY)

@@ -256,10 +256,6 @@ class Worker(threading.Thread):
             if job is None:
                 return
             req, fut = job
-            if isinstance(req, Session):
-                if not self._serve_session(req):
-                    return
-                continue
             if not fut.set_running_or_notify_cancel():
                 self.rt._release(1)
                 continue
@@ -285,28 +281,15 @@ class Worker(threading.Thread):
             fut.set_result(res)
 
 
-    def _serve_session(self, session: Session) -> bool:
-        """Hold this slot for a session until it ends; False when the slot had to be taken out of service."""
-        self.busy = True
-        metrics.BUSY.inc()
-        try:
-            self.rt._execute_session(self, session)
-        except Exception as exc:  # never let one session take the worker down
-            log.exception("session failed")
-            if not session.ready.done():
-                session.ready.set_exception(exc)
-        finally:
-            self.busy = False
-            metrics.BUSY.dec()
-            self.rt._session_ended(session)
-            self.rt._release(1)
-            session.ended.set()
-        if not self.slot.drain(timeout_s=5.0):
-            log.error("slot %d: processes survive SIGKILL; taking it out of service", self.slot.index)
-            self.broken = True
-            metrics.BROKEN.inc()
-            return False
-        return True
+
+@dataclass
+class SessionSeat:
+    """Where one session's container lives: a cgroup slot and a network namespace of the sessions' own, outside
+    the run pool (a session idles while its agent's model generates: it must not hold a slot runs need). Seats
+    are made when sessions first need them and reused after."""
+
+    slot: Slot
+    netns: str
 
 
 class SandboxRuntime:
@@ -320,6 +303,8 @@ class SandboxRuntime:
         self._lock = threading.Lock()
         self._inflight = 0
         self._sessions: dict[str, Session] = {}
+        self._free_seats: list[SessionSeat] = []
+        self._seats_made = 0
         self._expected: LruCache[Expected] = LruCache(4096)  # by test set (value_tests.expected_key)
         self._checkers: LruCache[bytes] = LruCache(16)  # compiled checker programs by source
         self._seq = itertools.count()
@@ -357,24 +342,30 @@ class SandboxRuntime:
             d.mkdir(parents=True, exist_ok=True)
         self.crun = self._readonly_crun()
         for slot in slots:
-            for sub in ("rootfs", "disk", "out"):
-                (self.dir / "slots" / f"slot{slot.index}" / sub).mkdir(parents=True, exist_ok=True)
+            self._slot_dirs(slot.index)
         self.images["host"] = build_host_image(self.dir / "images" / "host")
         for name, path in self.config.rootfs_images.items():
             self.images[name] = rootfs_image(name, Path(path))
         if self.config.default_image not in self.images:
             raise RuntimeError(f"default image {self.config.default_image!r} is not configured")
         for slot in slots:
-            netns = self.dir / "netns" / f"slot{slot.index}"
-            netns.touch()
-            # An empty network namespace per slot (only a downed loopback): created once, reused by every run.
-            subprocess.run(["unshare", f"--net={netns}", "true"], check=True)
-            self.workers.append(Worker(self, slot, str(netns)))
+            self.workers.append(Worker(self, slot, self._netns(slot.index)))
         for w in self.workers:
             w.start()
         self._started = True
         log.info("sandbox ready: cgroups %s, %d slots, state %s", layout.mode.value, len(slots), self.dir)
         return self
+
+    def _slot_dirs(self, index: int) -> None:
+        for sub in ("rootfs", "disk", "out"):
+            (self.dir / "slots" / f"slot{index}" / sub).mkdir(parents=True, exist_ok=True)
+
+    def _netns(self, index: int) -> str:
+        """An empty network namespace for a slot (only a downed loopback): created once, reused by every run."""
+        netns = self.dir / "netns" / f"slot{index}"
+        netns.touch()
+        subprocess.run(["unshare", f"--net={netns}", "true"], check=True)
+        return str(netns)
 
     def _readonly_crun(self) -> str:
         """crun guards against CVE-2019-5736 (a container overwriting the runtime binary through
@@ -399,8 +390,10 @@ class SandboxRuntime:
         self._started = False
         with self._lock:
             live = list(self._sessions.values())
-        for session in live:  # their workers return to the queue and then see the end marker
+        for session in live:
             session.close()
+        for session in live:  # its thread has drained its seat
+            session.ended.wait(timeout=30)
         for _ in self.workers:
             self._jobs.put(None)
         for w in self.workers:
@@ -440,11 +433,11 @@ class SandboxRuntime:
     # ---------------------------------------------------------------- sessions
     @property
     def max_sessions(self) -> int:
-        """Live sessions allowed: each holds a slot, so some slots always stay for runs."""
-        return self.config.max_sessions or max(1, len(self.workers) // 2)
+        """Live sessions allowed (each on a seat of its own, beside the run pool)."""
+        return self.config.max_sessions
 
     def open_session(self, req: SessionRequest) -> Session:
-        """Queue a session's start; its `ready` future gives the id once its kernel answers."""
+        """Start a session on a seat of its own; its `ready` future gives the id once its kernel answers."""
         image = req.image or self.config.default_image
         if image not in self.images:
             raise BadRequest(f"unknown image {image!r}; known: {sorted(self.images)}")
@@ -457,12 +450,45 @@ class SandboxRuntime:
                 raise Overloaded(f"{len(self._sessions)} sessions live (max {self.max_sessions})")
             self._sessions[session.id] = session
         try:
-            self._reserve(1)
-        except Overloaded:
+            seat = self._take_seat()
+        except Exception:
             self._session_ended(session)
             raise
-        self._jobs.put((session, None))
+        threading.Thread(target=self._serve_session, args=(seat, session), name=f"sandbox-session-{seat.slot.index}",
+                         daemon=True).start()
         return session
+
+    def _take_seat(self) -> SessionSeat:
+        with self._lock:
+            if self._free_seats:
+                return self._free_seats.pop()
+            index = self.config.pool_size + self._seats_made  # run slots are 0..pool_size-1
+            self._seats_made += 1
+        slot = self.pool.add_slot(index)
+        self._slot_dirs(index)
+        return SessionSeat(slot, self._netns(index))
+
+    def _serve_session(self, seat: SessionSeat, session: Session) -> None:
+        """The session's own thread: its container from start to end, then the seat drained and freed."""
+        seat.slot.join_current_thread()
+        metrics.SESSIONS.inc()
+        try:
+            self._execute_session(seat, session)
+        except Exception as exc:  # a session that fails ends alone
+            log.exception("session failed")
+            if not session.ready.done():
+                session.ready.set_exception(exc)
+        finally:
+            metrics.SESSIONS.dec()
+            self._session_ended(session)
+            drained = seat.slot.drain(timeout_s=5.0)
+            if drained:
+                with self._lock:
+                    self._free_seats.append(seat)
+            else:
+                log.error("session slot %d: processes survive SIGKILL; not reused", seat.slot.index)
+                metrics.BROKEN.inc()
+            session.ended.set()
 
     def session(self, session_id: str) -> Session:
         with self._lock:
@@ -476,7 +502,7 @@ class SandboxRuntime:
         with self._lock:
             self._sessions.pop(session.id, None)
 
-    def _execute_session(self, w: Worker, session: Session) -> None:
+    def _execute_session(self, w: "Worker | SessionSeat", session: Session) -> None:
         limits = self.config.effective(session.req.limits)
         image = self.images[session.req.image or self.config.default_image]
         files = {".tide_session.py": SESSION_DRIVER}
@@ -717,7 +743,7 @@ class SandboxRuntime:
         self._write_files(work, files)
 
     @contextmanager
-    def _workspace(self, w: Worker, limits: Resolved, image: Image, files: dict[str, str],
+    def _workspace(self, w: "Worker | SessionSeat", limits: Resolved, image: Image, files: dict[str, str],
                    binary_files: dict[str, bytes], stdin_bytes: bytes, out_bytes: int) -> Iterator[tuple[str, str, str]]:
         """The slot's three mounts for one execution (rootfs, out, and the path of the stdin file), the files
         written under /work; everything is unmounted on the way out. The slot's mount points persist;
@@ -762,7 +788,7 @@ class SandboxRuntime:
             path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
             os.chown(path, SANDBOX_UID, SANDBOX_GID)
 
-    def _phase(self, w: Worker, rootfs: str, image: Image, args: list[str], limits: Resolved,
+    def _phase(self, w: "Worker | SessionSeat", rootfs: str, image: Image, args: list[str], limits: Resolved,
                stdin: str | None, out: str, tag: str, session: Session | None = None) -> Phase:
         """One container to its end. With `session`, its stdin and stdout are pipes the session serves cells
         over until it ends (the container is then killed); otherwise they are files."""

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = Path("/run/tide-sandbox-tests")
 TOKEN = "test-token"
 POOL, QUEUE = 4, 8
+SESSIONS = 256  # the test service's --max-sessions
 SANDBOX_UID = 65534
 
 
@@ -147,7 +148,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--pool-size", str(POOL), "--max-queue", str(QUEUE), "--state-dir", str(STATE_DIR),
+             "--pool-size", str(POOL), "--max-queue", str(QUEUE), "--max-sessions", str(SESSIONS),
+             "--state-dir", str(STATE_DIR),
              "--log-level", "warning", *(["--rootfs", f"debian={ROOTFS}"] if ROOTFS else []),
              *os.environ.get("TIDE_SANDBOX_TEST_ARGS", "").split()],  # e.g. "--no-pivot"
             cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)

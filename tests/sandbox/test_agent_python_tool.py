@@ -25,7 +25,7 @@ def test_python_tool_sessions_per_trajectory(client, tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    # two trajectories: the test service's pool of 4 holds 2 live sessions
+    # two trajectories, each with a session of its own
     script = {0: [_call("x = 6 * 7"), _call("print(x)"), "The answer is 42."],
               1: [_call("while True:\n    pass"), _call("print('still here')"),
                   _call("import os\nwhile True:\n    os.fork()"), _call("print('x' * 1_000_000)"), "ok"]}

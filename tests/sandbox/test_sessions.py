@@ -54,20 +54,42 @@ def test_timeout_ends_the_session_and_unknown_ids_are_404(client):
         client.close_session("no-such-session")
 
 
-def test_live_sessions_are_capped(client):
-    cap = client.health().max_sessions
-    ids = [client.open_session() for _ in range(cap)]
-    try:
-        over = client._http.post("/sessions", json={})  # once, without the client's retries on 503
-        assert over.status_code == 503 and "sessions live" in over.text, over.text
-        assert client.run("python", "print(1)").stdout == "1\n"  # runs still have slots
-    finally:
-        for sid in ids:
-            client.close_session(sid)
+def test_256_sessions_live_at_once_each_used_while_the_others_wait_beside_reward_batches(client):
+    """Agents hold a session per trajectory while their model generates: hundreds live at once on this 2-core
+    machine, none refused, each keeping its state across cells while the others wait, and runs (reward batches)
+    served meanwhile on the run pool, which sessions never take; one more than --max-sessions is refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox.models import RunRequest
+
+    SESSIONS, BATCH = 256, 8  # the test service's --max-sessions (tests/sandbox/conftest.py); a reward batch
+    assert client.health().max_sessions == SESSIONS
+    with ThreadPoolExecutor(64) as pool:
+        ids = list(pool.map(lambda _: client.open_session(ttl_s=120), range(SESSIONS)))
+        try:
+            assert client.health().sessions == SESSIONS and len(set(ids)) == SESSIONS
+            over = client._http.post("/sessions", json={})  # once, without the client's retries on 503
+            assert over.status_code == 503 and "sessions live" in over.text, over.text
+            batch = pool.submit(client.run_batch, [RunRequest(language="python", code=f"print({i} * 7)")
+                                                   for i in range(BATCH)])
+            for turn in range(3):  # every session runs a cell, in turn, while the others idle
+                code = "v = {k}\nv" if turn == 0 else "v = v + 1\nv"
+                replies = list(pool.map(lambda k: client.run_in_session(ids[k], code.format(k=k)), range(SESSIONS)))
+                assert [r.display for r in replies] == [[{"text/plain": str(k + turn)}] for k in range(SESSIONS)]
+            assert [r.stdout for r in batch.result(timeout=120)] == [f"{i * 7}\n" for i in range(BATCH)]
+        finally:
+            list(pool.map(client.close_session, ids))
     _wait_no_sessions(client)
 
 
 def test_500_sessions_used_and_closed_and_50_abandoned_leave_nothing(client, service):
+    """...but the seats sessions live on (a cgroup slot and a network namespace each), made once and reused: 50 are
+    made first, and 550 sessions later there are no more."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _wait_no_sessions(client)
+    with ThreadPoolExecutor(50) as pool:
+        list(pool.map(client.close_session, list(pool.map(lambda _: client.open_session(), range(50)))))
     _wait_no_sessions(client)
     before = service.snapshot()
     for i in range(500):
