@@ -28,6 +28,7 @@ from orchestrator.config_names import OTHER_NAMES, OtherName
 from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
 from orchestrator.wandb_log import WandbConfig
+from rollout.agent.config import AgentConfig
 from rollout.config import RolloutConfig, TaskConfig
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerConfig
@@ -175,6 +176,8 @@ class TideConfig(Strict):
                                     "`code` reward.")
     eval: EvalConfig = Field(EvalConfig(), description="The eval phase on held-out problems: greedy pass@1, "
                              "sampled pass@1 and pass@n_samples, mean reward.")
+    agent: AgentConfig | None = Field(None, description="Multi-turn rollouts: tool calls or an environment "
+                                      "answering each turn; null: one completion per prompt.")
     rewards: list[RewardSpec] = Field([], description="Reward functions replacing the task's scorer: a sample's "
                                       "reward is the weighted sum of their values; empty: the task's own scorer.")
     reward_timeout_s: float = Field(60.0, gt=0, description="Seconds a reward function may take on a batch "
@@ -204,18 +207,26 @@ class TideConfig(Strict):
                 raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "
                                  f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
                                  f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
+            if self.agent is not None:
+                if self.eval.every:
+                    raise ValueError("eval.every: the eval phase samples single completions; with `agent:` it would "
+                                     "not measure the agent (multi-turn eval is not built yet): set eval.every 0")
+                if self.agent.environment is not None and self.rewards:
+                    raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
+                                     "use agent.tools")
             if self.trainer.length_penalty > 0 and self.rewards:
                 raise ValueError("trainer.length_penalty shapes the task's own reward; with `rewards:` add "
                                  "{fn: length, weight: ...} to the list instead")
         return self
 
     def needs_sandbox(self) -> bool:
-        return self.task.name == "code" or any(r.fn == "code" for r in self.rewards)
+        return (self.task.name == "code" or any(r.fn == "code" for r in self.rewards)
+                or (self.agent is not None and self.agent.uses_sandbox))
 
 
 # Sections that configure the LLM loop (engine: megatron) and mean nothing to the JAX engine.
 LLM_SECTIONS = frozenset({"ray", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox",
-                          "eval", "rewards", "reward_timeout_s"})
+                          "eval", "agent", "rewards", "reward_timeout_s"})
 
 
 class ConfigError(Exception):

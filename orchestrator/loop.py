@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ckpt_transfer.export import export_hf
+from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
@@ -14,6 +15,7 @@ from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
 from orchestrator.sample_metrics import sample_metrics, sample_records
 from orchestrator.session import Session, console
+from rollout.tasks import Problem
 from trainer.lr_schedule import lr_at
 
 
@@ -34,6 +36,15 @@ def sampling_seed(seed: int, iteration: int) -> int:
     return (seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
 
 
+def rollout(s: Session, problems: list[Problem], seed: int, version: int) -> Rollout:
+    """The iteration's samples: one completion per sample, or with `agent:` multi-turn trajectories (whose
+    tokens carry `version`, the policy the engines serve) with the agent's metrics."""
+    r = s.cfg.rollout
+    if s.agent is None:
+        return Rollout(s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling, seed))
+    return s.agent.rollout(engine_turns(s.rollout, s.sampling), problems, r.n_samples, seed, version)
+
+
 def run_iterations(s: Session) -> None:
     cfg, run, r, t = s.cfg, s.run, s.cfg.rollout, s.cfg.trainer
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -47,14 +58,15 @@ def run_iterations(s: Session) -> None:
             if not problems:
                 raise RuntimeError(f"iteration {it}: all {r.prompts_per_iteration} prompts are longer than "
                                    f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
-            with run.phase(it, "rollout"):
+            with run.phase(it, "rollout") as rec:
                 progress.update(bar, description=f"{cfg.name} · rollout")
-                samples = s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling,
-                                             sampling_seed(cfg.seed, it))
+                rolled = rollout(s, problems, sampling_seed(cfg.seed, it), version=it - 1)
+                samples, rec["parts"] = rolled.samples, rolled.parts
             with run.phase(it, "reward"):
                 steps = t.updates_per_iteration * t.epochs  # what TRL's trainer_state counts: optimizer steps
-                scored = reward_phase(s.task, problems, samples, t.length_penalty, s.reward_functions,
-                                      trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
+                scored = episode_rewards(samples) if s.agent and s.agent.scores_itself else reward_phase(
+                    s.task, problems, samples, t.length_penalty, s.reward_functions,
+                    trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
             batch = samples_batch(samples, s.sampling)
             if r.mismatch_correction == "tis":
@@ -94,7 +106,7 @@ def run_iterations(s: Session) -> None:
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
                              "logprob_gap": train["behaviour_gap"], **unreplayed_gap(train), **probe, "samples": len(samples),
-                             **rendering.metrics(), **evaluation, **moved})
+                             **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")

@@ -57,11 +57,14 @@ class PhaseRecord:
     start: float
     seconds: float
     bytes: int | None = None
+    parts: dict[str, float] | None = None  # where the phase's time went (an agent's rollout: generate, tools)
 
     def as_dict(self) -> dict:
         d = {"iteration": self.iteration, "phase": self.phase, "start": self.start, "seconds": self.seconds}
         if self.bytes is not None:
             d["bytes"] = self.bytes
+        if self.parts:
+            d["parts"] = self.parts
         return d
 
 
@@ -159,19 +162,22 @@ class RunDir:
 
     @contextmanager
     def phase(self, iteration: int, name: str) -> Iterator[dict]:
-        """Time a phase. The body may set `rec["bytes"] = n` on the yielded dict."""
+        """Time a phase. The body may set `rec["bytes"] = n` and `rec["parts"] = {part: seconds}` on the yielded
+        dict."""
         extra: dict[str, Any] = {}
         self.set_status(iteration=iteration, phase=name)
         start = time.time()
         t0 = time.perf_counter()
         yield extra
-        self.record_phase(PhaseRecord(iteration, name, start, time.perf_counter() - t0, extra.get("bytes")))
+        self.record_phase(PhaseRecord(iteration, name, start, time.perf_counter() - t0, extra.get("bytes"),
+                                      extra.get("parts")))
 
     def record_phase(self, rec: PhaseRecord) -> None:
         """A phase timed elsewhere (start-up, measured before the run directory was truncated for a resume)."""
         _append_jsonl(self.timings_file, rec.as_dict())
         for log in self._loggers():
-            log.scalars(rec.iteration, {rec.phase: rec.seconds}, prefix="time/")
+            log.scalars(rec.iteration, {rec.phase: rec.seconds, **{f"{rec.phase}/{k}": v for k, v in
+                                                                    (rec.parts or {}).items()}}, prefix="time/")
 
     def log_metrics(self, record: dict) -> None:
         assert "iteration" in record

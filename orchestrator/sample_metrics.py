@@ -51,7 +51,9 @@ def sample_records(iteration: int, problems: list[Problem], samples: Samples, n:
     records = []
     for i in [firsts[p] for p in sorted(firsts)[:n]]:
         s = samples.items[i]
-        records.append({"iteration": iteration, "prompt": problems[s.prompt_index].prompt, "completion": s.text,
+        completion = s.text if s.conversation is None else "\n".join(f"{m['role']}: {m['content']}"
+                                                                     for m in s.conversation)
+        records.append({"iteration": iteration, "prompt": problems[s.prompt_index].prompt, "completion": completion,
                         "reward": s.reward, "completion_tokens": len(s.completion_ids),
                         "finish_reason": s.finish_reason,
                         **{name: values[i] for name, values in (extra_columns or {}).items()}})

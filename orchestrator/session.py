@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -34,6 +35,9 @@ from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
 
+if TYPE_CHECKING:
+    from orchestrator.agent_rollout import Agent
+
 console = Console(stderr=True, log_path=False)  # a time per line; the code location would crowd 80 columns
 
 
@@ -48,6 +52,7 @@ class Session:
     probe: list[Problem]  # the fixed prompts of the log-prob check
     reward_functions: RewardFunctions | None = None  # `rewards:`; None: the task scores
     rollout: RolloutGroup | None = None
+    agent: "Agent | None" = None  # `agent:`: multi-turn rollouts (orchestrator/agent_rollout.py)
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
 
@@ -73,6 +78,14 @@ class Session:
                                       cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts)
             task = RenderedTask(task, renderer)
             task.problems(cfg.seed, 1, 1)  # a prompt the template cannot render stops the run here
+            agent = None
+            if cfg.agent is not None:
+                from orchestrator.agent_rollout import Agent
+
+                agent = Agent(cfg.agent, AutoTokenizer.from_pretrained(model_dir), renderer.template,
+                              cfg.model.system_prompt, cfg.rollout.max_new_tokens, sandbox_url, cfg.task.name,
+                              context=_model_context(model_dir, cfg))
+                stack.callback(agent.close)
             reward_functions = None
             if cfg.rewards:
                 try:
@@ -113,7 +126,8 @@ class Session:
                                        placement=placement.agents(cfg.rollout.engines, trainer.node_id))
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
-            session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early)
+            session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early,
+                          agent=agent)
             session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
@@ -142,7 +156,7 @@ class Session:
             run.truncate_after(-1)
             if cfg.trainer.warmup_sft_steps:
                 with run.phase(0, "warmup"):
-                    losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed)
+                    losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed, self.agent)
                 console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         moved = restored is not None or cfg.trainer.warmup_sft_steps > 0
         if self.rollout is None:
@@ -208,20 +222,29 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
                           f"weights stale; use sync_mode: restart")
 
 
-def _check_context_length(model_dir: str, cfg: TideConfig) -> None:
-    """A completion budget the model's context cannot hold stops the run before anything starts (vLLM would
-    refuse every request of the first rollout)."""
+def _model_context(model_dir: str, cfg: TideConfig) -> int | None:
+    """The engines' context in tokens: rollout.max_model_len, else the model's max_position_embeddings."""
     import json
     from pathlib import Path
 
+    return cfg.rollout.max_model_len or json.loads((Path(model_dir) / "config.json").read_text()).get(
+        "max_position_embeddings")
+
+
+def _check_context_length(model_dir: str, cfg: TideConfig) -> None:
+    """A completion budget the model's context cannot hold stops the run before anything starts (vLLM would
+    refuse every request of the first rollout)."""
+
     r = cfg.rollout
-    model_len = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
-    context = r.max_model_len or model_len
+    context = _model_context(model_dir, cfg)
     if context is None:
         return
-    need = r.max_new_tokens + (r.max_prompt_tokens or 1)
+    need = (cfg.agent.max_total_tokens if cfg.agent else r.max_new_tokens) + (r.max_prompt_tokens or 1)
     if need > context:
         prompt = f"rollout.max_prompt_tokens {r.max_prompt_tokens}" if r.max_prompt_tokens else "a 1-token prompt"
+        if cfg.agent:
+            raise ConfigError(f"agent.max_total_tokens {cfg.agent.max_total_tokens} with {prompt} needs {need} "
+                              f"positions; the model ({model_dir}) holds {context}: lower agent.max_total_tokens")
         limit = "rollout.max_model_len" if r.max_model_len else "its max_position_embeddings"
         raise ConfigError(f"rollout.max_new_tokens {r.max_new_tokens} with {prompt} needs {need} positions; the model "
                           f"({model_dir}) holds {context} ({limit}): lower rollout.max_new_tokens or max_prompt_tokens")

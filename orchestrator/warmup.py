@@ -10,18 +10,23 @@ from trainer.batch import TrainBatch, TrainSequence
 from trainer.config import TrainerConfig
 
 
-def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int) -> list[float]:
-    """Returns the loss of every step."""
+def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None) -> list[float]:
+    """Returns the loss of every step. With an `agent` (orchestrator/agent_rollout.py) and a task that writes
+    multi-turn demonstrations (`sft_conversations`), those are trained on, laid out as the agent's rollouts lay
+    out trajectories, the model's turns only."""
     n = cfg.warmup_sft_batch
-    pairs = task.sft_pairs(seed, cfg.warmup_sft_steps * n)
-    if not pairs:
+    if agent is not None and hasattr(task.task, "sft_conversations"):
+        sequences = agent.demonstrations(task.task.sft_conversations(seed, cfg.warmup_sft_steps * n),
+                                         task.renderer.end_of_turn_ids())
+    else:
+        sequences = [TrainSequence(list(p.prompt_ids), ids) for p, ids in task.sft_pairs(seed, cfg.warmup_sft_steps * n)]
+    if not sequences:
         raise ConfigError("trainer.warmup_sft_steps: every warm-start prompt is longer than "
                           "rollout.max_prompt_tokens")
     losses = []
     for k in range(cfg.warmup_sft_steps):
-        chunk = pairs[k * n:(k + 1) * n] or pairs[:n]  # prompts skipped as overlong: steps reuse the first ones
-        batch = TrainBatch([TrainSequence(list(p.prompt_ids), ids) for p, ids in chunk])
-        losses.append(trainer.train_step(batch, mode="sft", lr=cfg.warmup_sft_lr)["loss"])
+        chunk = sequences[k * n:(k + 1) * n] or sequences[:n]  # prompts skipped as overlong: steps reuse the first
+        losses.append(trainer.train_step(TrainBatch(chunk), mode="sft", lr=cfg.warmup_sft_lr)["loss"])
     if cfg.warmup_sft_reset_optimizer:
         trainer.reset_optimizer()
     trainer.snapshot_reference()  # trainer.kl's reference is the policy RL starts from

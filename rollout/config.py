@@ -217,10 +217,11 @@ DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".c
 class TaskConfig(_Strict):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "reverse", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
-        "addition", description="Where prompts come from: `addition` and `reverse` (synthetic), `jsonl` (lines of "
-        "{prompt, answer}), `dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` "
-        "(coding problems scored in the sandbox).")
+    name: Literal["addition", "reverse", "guess", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
+        "addition", description="Where prompts come from: `addition` and `reverse` (synthetic), `guess` (the "
+        "guessing game's secret numbers, for agent.environment guess), `jsonl` (lines of {prompt, answer}), "
+        "`dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` (coding problems "
+        "scored in the sandbox).")
     path: ConfigPath | None = Field(
         None, description="jsonl and dataset (required there): the problem file; for dataset a .jsonl, .json, "
         ".parquet or .csv file, one problem per row.")
@@ -240,6 +241,7 @@ class TaskConfig(_Strict):
                                    "generator.")
     max_digits: int = Field(2, gt=0, description="addition: most digits per operand.")
     length: int = Field(3, gt=0, description="reverse: length of the strings to reverse.")
+    high: int = Field(20, ge=2, description="guess: the secret number is drawn from 1..high.")
 
     @model_validator(mode="after")
     def _files_exist(self, info: ValidationInfo) -> "TaskConfig":

@@ -70,16 +70,17 @@ def generate_requests(problems: Sequence[Problem], n_samples: int, max_new_token
                       stop_token_ids: Sequence[int] = ()) -> tuple[list, list]:
     """The vLLM prompts and SamplingParams of one generate call: one request per prompt for its `n_samples`
     samples (vLLM fans it out: fewer requests to build, send and schedule; scripts/bench_rollout.py compares
-    it with a request per sample), seeded by prompt_seed, asking for the sampled tokens' log-probs."""
+    it with a request per sample), seeded by prompt_seed (or the problem's own seed and token budget, where a
+    multi-turn rollout sets them), asking for the sampled tokens' log-probs."""
     from vllm import SamplingParams, TokensPrompt
 
     params = [
         SamplingParams(
-            n=n_samples, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=prompt_seed(seed, i), logprobs=0, stop=list(stop) or None,
+            n=n_samples, max_tokens=p.max_new_tokens or max_new_tokens, temperature=temperature, top_p=top_p,
+            top_k=top_k, seed=prompt_seed(seed, i) if p.seed is None else p.seed, logprobs=0, stop=list(stop) or None,
             stop_token_ids=list(stop_token_ids) or None, detokenize=bool(stop),  # vLLM matches stop text
         )
-        for i in range(len(problems))
+        for i, p in enumerate(problems)
     ]
     prompts = [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) if p.prompt_ids else p.prompt for p in problems]
     return prompts, params

@@ -26,6 +26,9 @@ class Sample:
     # that produced it (-1 for inserted tokens). None: a single turn, every token sampled by one version.
     loss_mask: list[int] | None = None
     versions: list[int] | None = None
+    # Multi-turn trajectories: the messages after the prompt (the model's turns and what was inserted), for the
+    # logs; `text` then holds the model's last turn, what scorers read
+    conversation: list[dict] | None = None
 
 
 @dataclass

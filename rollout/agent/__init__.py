@@ -1,14 +1,14 @@
-"""Multi-turn agents (issue 33, in progress): tool-call parsers, tools, environments, trajectories that keep the
-model's tokens as sampled, and the runner that drives them turn by turn on the engine. Not yet wired into the
-training loop."""
+"""Multi-turn agents: tool-call parsers, tools, environments, trajectories that keep the
+model's tokens as sampled, and the runner that drives them turn by turn on the engine; the `agent:` section
+(rollout/agent/config.py) puts them in the loop (orchestrator/agent_rollout.py)."""
 from .environments import CodeFeedback, Environment, GuessingGame, Step
 from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser
 from .python_tool import PythonSession
 from .runner import AgentLimits, AgentRunner, EnvEpisode, Episode, Reply, ToolEpisode, agent_metrics
 from .tools import Tool, ToolBox, ToolOutcome, load_tool, tool_from_function
-from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
+from .trajectory import NotAppendOnly, Trajectory, demonstration, inserted_tokens, render
 
 __all__ = ["CodeFeedback", "Environment", "GuessingGame", "Step", "PARSERS", "HermesParser", "Llama3JsonParser",
            "ParsedTurn", "ToolCall", "ToolParser", "get_parser", "PythonSession", "AgentLimits", "AgentRunner",
            "EnvEpisode", "Episode", "Reply", "ToolEpisode", "agent_metrics", "Tool", "ToolBox", "ToolOutcome",
-           "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory", "inserted_tokens", "render"]
+           "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory", "demonstration", "inserted_tokens", "render"]

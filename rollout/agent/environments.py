@@ -23,6 +23,7 @@ class Step:
     messages: list[dict[str, str]] = field(default_factory=list)
     reward: float = 0.0
     done: bool = False
+    solved: bool = False  # the episode ended in success (the number found, every test passed)
 
 
 class Environment(Protocol):
@@ -42,15 +43,18 @@ class GuessingGame:
     turns: int = 0
 
     def reset(self, columns: dict[str, Any]) -> list[dict[str, str]]:
+        from rollout.tasks.synthetic import guess_prompt
+
+        self.high = columns.get("high", self.high)
         secret = columns.get("secret")
         if not isinstance(secret, int) or not 1 <= secret <= self.high:
             raise ValueError(f"the guessing game needs a `secret` column: an integer in 1..{self.high}, got {secret!r}")
         self.secret, self.turns = secret, 0
-        return [{"role": "user", "content": f"I picked a whole number from 1 to {self.high}. Guess it: answer with "
-                                            f"one number; I will say higher or lower. You have {self.max_turns} "
-                                            f"guesses."}]
+        return [{"role": "user", "content": guess_prompt(self.high)}]
 
     def step(self, assistant_text: str) -> Step:
+        from rollout.tasks.synthetic import guess_feedback
+
         self.turns += 1
         found = _INT.findall(assistant_text)
         last_turn = self.turns >= self.max_turns
@@ -58,9 +62,8 @@ class GuessingGame:
             return Step([{"role": "user", "content": "Answer with one number."}], 0.0, last_turn)
         guess = int(found[-1])
         if guess == self.secret:
-            return Step([], self.reward(self.turns), True)
-        hint = "higher" if guess < self.secret else "lower"
-        return Step([{"role": "user", "content": f"{guess} is wrong: {hint}."}], 0.0, last_turn)
+            return Step([], self.reward(self.turns), True, solved=True)
+        return Step([{"role": "user", "content": guess_feedback(guess, self.secret)}], 0.0, last_turn)
 
     def reward(self, turns: int) -> float:
         """1 for a first-guess find, falling by 1/max_turns per extra guess."""
@@ -92,7 +95,7 @@ class CodeFeedback:
                             limits=self.limits or CODE_LIMITS)
         fraction = pass_fraction(r)
         if fraction == 1.0 or self.turns >= self.max_turns:
-            return Step([], fraction, True)
+            return Step([], fraction, True, solved=fraction == 1.0)
         passed, total = r.tests_passed or 0, r.tests_total or len(self.tests)
         detail = (r.stderr or r.stdout)[-self.max_feedback_chars:]
         why = "" if r.status.value == "ok" else f" ({r.status.value.replace('_', ' ')})"

@@ -5,7 +5,7 @@ An episode says what follows a model turn: `ToolEpisode` parses tool calls and r
 messages; a malformed call or a failed tool becomes an error message the model reads, and is counted), and
 `EnvEpisode` asks an Environment (rollout/agent/environments.py). A trajectory ends when its episode says so,
 when the model's turn ends without a call (tools), at `max_turns`, when the model's turn ran out of tokens, or
-when the next turn would pass `max_total_tokens`; the sampled tokens are never re-encoded
+when the next turn would pass `max_total_tokens` or the engines' context; the sampled tokens are never re-encoded
 (rollout/agent/trajectory.py), so what the trainer trains on is what the engine sampled, plus masked inserts.
 
 This first version runs the turns of all trajectories in lockstep on the synchronous engine; tool calls of one
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from .parsers import ToolParser
 from .tools import ToolBox
 from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
 
+log = logging.getLogger(__name__)
 # generate(problems, max_new_tokens, seed) -> one Sample per problem, in order
 Generate = Callable[[list[Problem], int, int], Samples]
 
@@ -36,6 +38,7 @@ class Reply:
     messages: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     reward: float | None = None  # set by episodes that score themselves (environments)
+    solved: bool = False  # an environment's episode ended in success (counted in env/solved, env/turns_solved)
 
 
 class Episode(Protocol):
@@ -53,7 +56,7 @@ class EnvEpisode:
 
     async def respond(self, assistant_text: str) -> Reply:
         step = await asyncio.to_thread(self.env.step, assistant_text)  # a sandbox call must not hold the others
-        return Reply(step.messages, step.done, step.reward)
+        return Reply(step.messages, step.done, step.reward, step.solved)
 
 
 class ToolEpisode:
@@ -92,6 +95,7 @@ class AgentLimits:
     max_total_tokens: int = 1024  # prompt excluded: everything sampled and inserted after it
     max_tokens_per_turn: int = 256
     max_tool_response_tokens: int = 256
+    context: int | None = None  # the engines' context (prompt included): a trajectory ends before it overflows
 
 
 @dataclass
@@ -101,6 +105,7 @@ class _Live:
     messages: list[dict[str, Any]]
     traj: Trajectory
     reward: float | None = None
+    solved: bool = False
     finish: str = ""
 
 
@@ -108,8 +113,10 @@ async def _close(episodes: list[Episode]) -> None:
     await asyncio.gather(*[ep.close() for ep in episodes if hasattr(ep, "close")])
 
 
-def turn_seed(seed: int, turn: int) -> int:
-    digest = hashlib.blake2b(f"agent/{seed}/{turn}".encode(), digest_size=8).digest()
+def turn_seed(seed: int, trajectory: int, turn: int) -> int:
+    """The sampling seed of one turn of one trajectory: what it samples does not depend on which others are still
+    running, how they are batched or how many engines share them."""
+    digest = hashlib.blake2b(f"agent/{seed}/{trajectory}/{turn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**62 - 1)
 
 
@@ -118,14 +125,20 @@ class AgentRunner:
                  version: int = 0) -> None:
         self.generate, self.tokenizer, self.limits = generate, tokenizer, limits
         self.tools, self.version = tools, version
-        self.timings = Counter()
+        self.timings = Counter()  # generate_s: the engine's turns; tool_s: the tools' or environments' replies
+        self.outcomes: list[tuple[int, bool]] = []  # (model turns, solved) of every trajectory of the last run
 
-    def run(self, episodes: Sequence[Episode], seed: int, task_ids: Sequence[str] | None = None) -> Samples:
+    def run(self, episodes: Sequence[Episode], seed: int, task_ids: Sequence[str] | None = None,
+            groups: Sequence[int] | None = None) -> Samples:
         """One trajectory per episode, as Samples whose completion is everything after the first prompt, with
-        its loss mask and versions; `reward` is the episode's own (environments) or None (score it after)."""
-        live = []
+        its loss mask and versions; `reward` is the episode's own (environments) or None (score it after), `text`
+        the model's last turn (what a scorer reads) and `conversation` every message after the prompt.
+        `groups[i]`: the prompt episode i answers (its Sample.prompt_index; default i)."""
+        self.timings.clear()
+        live, self._prompt_messages = [], []
         for i, ep in enumerate(episodes):
             messages = ep.start()
+            self._prompt_messages.append(len(messages))
             live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True))))
         done: list[_Live] = []
         try:
@@ -133,17 +146,17 @@ class AgentRunner:
         finally:
             asyncio.run(_close([x.episode for x in live + done]))
         done.sort(key=lambda x: x.index)
-        return Samples([self._sample(x, task_ids) for x in done])
+        self.outcomes = [(x.traj.turns, x.solved) for x in done]
+        return Samples([self._sample(x, task_ids, groups) for x in done])
 
     def _turns(self, live: list[_Live], done: list[_Live], seed: int) -> None:
         turn = 0
         while live:
-            budget = [min(self.limits.max_tokens_per_turn, self.limits.max_total_tokens - len(x.traj.ids))
-                      for x in live]
             t0 = time.monotonic()
             samples = self.generate([Problem(task_id=str(x.index), prompt="", answer="",
-                                             prompt_ids=tuple(x.traj.all_ids)) for x in live],
-                                    max(1, min(budget)), turn_seed(seed, turn))
+                                             prompt_ids=tuple(x.traj.all_ids), seed=turn_seed(seed, x.index, turn),
+                                             max_new_tokens=self._budget(x)) for x in live],
+                                    self.limits.max_tokens_per_turn, seed)
             self.timings["generate_s"] += time.monotonic() - t0
             for x, s in zip(live, samples.items, strict=True):
                 x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
@@ -151,12 +164,13 @@ class AgentRunner:
                 x.finish = s.finish_reason
             t0 = time.monotonic()
             replies = asyncio.run(self._respond(live))
-            self.timings["respond_s"] += time.monotonic() - t0
+            self.timings["tool_s"] += time.monotonic() - t0
             turn += 1
             still = []
             for x, reply in zip(live, replies):
                 if reply.reward is not None:
                     x.reward = reply.reward
+                x.solved = x.solved or reply.solved
                 why = ("episode" if reply.done else "length" if x.finish == "length"
                        else "max_turns" if turn >= self.limits.max_turns else "")
                 if not why:
@@ -168,43 +182,57 @@ class AgentRunner:
                     still.append(x)
             live[:] = still
 
+    def _budget(self, x: _Live) -> int:
+        room = [self.limits.max_tokens_per_turn, self.limits.max_total_tokens - len(x.traj.ids)]
+        if self.limits.context:
+            room.append(self.limits.context - len(x.traj.all_ids))
+        return max(1, min(room))
+
     async def _respond(self, live: list[_Live]) -> list[Reply]:
         return await asyncio.gather(*[x.episode.respond(x.messages[-1]["content"]) for x in live])
 
     def _insert(self, x: _Live, new: list[dict[str, Any]]) -> str:
         """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
-        new = [self._clip_tool_text(m) for m in new]
+        new = [self._clip(m) for m in new]
         try:
             ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.last_turn, self.tools)
-        except NotAppendOnly:
+        except NotAppendOnly as e:
+            log.warning("trajectory %d ends: %s", x.index, e)
             return "template"
         if len(x.traj.ids) + len(ids) >= self.limits.max_total_tokens:
             return "max_total_tokens"
+        if self.limits.context and len(x.traj.all_ids) + len(ids) >= self.limits.context:
+            return "context"
         x.traj.add_inserted(ids)
         x.messages.extend(new)
         return ""
 
-    def _clip_tool_text(self, message: dict[str, Any]) -> dict[str, Any]:
-        if message.get("role") != "tool":
-            return message
+    def _clip(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A tool's result or an environment's reply cut to max_tool_response_tokens."""
         ids = self.tokenizer.encode(message["content"], add_special_tokens=False)
         n = self.limits.max_tool_response_tokens
         if len(ids) <= n:
             return message
         return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
 
-    def _sample(self, x: _Live, task_ids: Sequence[str] | None) -> Sample:
+    def _sample(self, x: _Live, task_ids: Sequence[str] | None, groups: Sequence[int] | None) -> Sample:
         t = x.traj
-        return Sample(prompt_index=x.index, task_id=task_ids[x.index] if task_ids else str(x.index),
+        after_prompt = x.messages[self._prompt_messages[x.index]:]
+        last = next((m["content"] for m in reversed(after_prompt) if m["role"] == "assistant"), "")
+        return Sample(prompt_index=groups[x.index] if groups else x.index,
+                      task_id=task_ids[x.index] if task_ids else str(x.index),
                       prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
-                      text="".join(m["content"] for m in x.messages if m["role"] == "assistant"),
-                      reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask), versions=list(t.versions))
+                      text=last, reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask),
+                      versions=list(t.versions), conversation=after_prompt)
 
 
-def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float]) -> dict[str, float]:
+def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float],
+                  outcomes: Sequence[tuple[int, bool]] = ()) -> dict[str, float]:
     """One iteration's agent metrics, under TRL's names where it has them (`tools/call_frequency`,
     `tools/failure_frequency`): calls and parse errors per trajectory, the share of calls that failed, timeouts,
-    tool latency p50/p95, turns per trajectory (mean, max) and the share of completion tokens tide inserted."""
+    tool latency p50/p95, turns per trajectory (mean, max) and the share of completion tokens tide inserted; with
+    environments' `outcomes` (turns, solved) per trajectory, the solved share and the mean turns of a solved one
+    (NaN when none was)."""
     n = max(len(samples), 1)
     calls = counts.get("calls", 0)
     failed = sum(v for k, v in counts.items() if k.startswith("failed_"))
@@ -219,5 +247,14 @@ def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float])
             "tools/parse_errors": counts.get("parse_errors", 0) / n, "tools/timeouts": float(counts.get("failed_timeout", 0)),
             "tools/latency_p50_s": pct(0.5), "tools/latency_p95_s": pct(0.95),
             "turns/mean": sum(turns) / len(turns) if turns else 0.0, "turns/max": float(max(turns, default=0)),
-            "masked_token_share": sum(m == 0 for s in samples for m in (s.loss_mask or [])) / tokens if tokens else 0.0}
+            "masked_token_share": sum(m == 0 for s in samples for m in (s.loss_mask or [])) / tokens if tokens else 0.0,
+            **_outcome_metrics(outcomes)}
+
+
+def _outcome_metrics(outcomes: Sequence[tuple[int, bool]]) -> dict[str, float]:
+    if not outcomes:
+        return {}
+    solved = [turns for turns, ok in outcomes if ok]
+    return {"env/solved": len(solved) / len(outcomes),
+            "env/turns_solved": sum(solved) / len(solved) if solved else float("nan")}
 

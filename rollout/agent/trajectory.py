@@ -104,3 +104,31 @@ def _trailer(rendered_turn: list[int], sampled: list[int]) -> list[int]:
                             f"({last}): where the turn ends cannot be told, so the trajectory cannot continue "
                             f"without re-encoding it")
     return rendered_turn[positions[-1] + 1:]
+
+
+def demonstration(tokenizer, messages: list[dict[str, Any]], prompt_messages: int, end_of_turn: list[int],
+                  tools: list[dict] | None = None) -> Trajectory:
+    """A written conversation laid out token for token as a rollout would lay it out (for supervised warm starts):
+    the first `prompt_messages` messages as the prompt, each assistant turn as the model would sample it -- its
+    rendering through the end-of-turn token (`end_of_turn`: the template's, or EOS), mask 1 -- and everything else
+    inserted exactly as `inserted_tokens` inserts it during rollouts, mask 0."""
+    traj = Trajectory(render(tokenizer, messages[:prompt_messages], tools, True))
+    k = prompt_messages
+    while k < len(messages):
+        if messages[k].get("role") != "assistant":
+            raise ValueError(f"demonstration message {k} is a {messages[k].get('role')!r} message where the model's "
+                             f"turn is due")
+        rendered = render(tokenizer, messages[:k + 1], tools, False)
+        if rendered[:len(traj.all_ids)] != traj.all_ids:
+            raise NotAppendOnly("the chat template rewrites earlier turns of the demonstration")
+        turn = rendered[len(traj.all_ids):]
+        ends = [i for i, t in enumerate(turn) if t in end_of_turn]
+        sampled = turn[:ends[-1] + 1] if ends else turn
+        traj.add_sampled(sampled, [0.0] * len(sampled), -1)
+        j = k + 1
+        while j < len(messages) and messages[j].get("role") != "assistant":
+            j += 1
+        if j < len(messages):
+            traj.add_inserted(inserted_tokens(tokenizer, messages[:k + 1], messages[k + 1:j], sampled, tools))
+        k = j
+    return traj

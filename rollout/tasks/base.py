@@ -23,6 +23,11 @@ class Problem:
     # row but its prompt column, the answer under its own name, as TRL passes a row to reward functions. None:
     # tasks that are not datasets, whose reward functions get `answer` beside `columns`
     answer_field: str | None = None
+    # Set by multi-turn rollouts (rollout/agent/runner.py), which continue each trajectory on its own terms: the
+    # request's sampling seed (None: derived from the call's seed and the prompt's index) and token budget (None:
+    # the call's max_new_tokens)
+    seed: int | None = field(default=None, compare=False)
+    max_new_tokens: int | None = field(default=None, compare=False)
 
 
 @runtime_checkable

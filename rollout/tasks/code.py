@@ -151,6 +151,11 @@ class CodeTask:
         specs = [fam(rng) for fam in FAMILIES for _ in range(3)]
         return "".join(s.prompt + "\n" + s.reference for s in specs)
 
+    def sft_conversations(self, seed: int, n: int) -> list[list[dict[str, str]]]:
+        """The warm start of `agent.environment: code_feedback`: each problem answered right in one turn."""
+        return [[{"role": "user", "content": p}, {"role": "assistant", "content": c}]
+                for p, c in self.sft_examples(seed, n)]
+
     def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
         rng = _rng(seed, 2)
         out = []

@@ -62,3 +62,55 @@ class ReverseTask(_GeneratedTask):
 
     def corpus(self) -> str:
         return f"reverse {self.alphabet}:{self.alphabet[::-1]}\n"
+
+
+# Short on purpose: a tiny model's byte-level tokenizer spends a token per character, and every turn's feedback
+# stays in the context
+def guess_prompt(high: int) -> str:
+    return f"Guess my number, 1 to {high}. I say higher or lower."
+
+
+def guess_feedback(guess: int, secret: int) -> str:
+    return "higher" if guess < secret else "lower"
+
+
+@dataclass
+class GuessTask(_GeneratedTask):
+    """The guessing game's problems (rollout/agent/environments.py GuessingGame, with `agent.environment: guess`):
+    a secret number in 1..high per problem. Scored on its own (without the agent), a completion must name the
+    secret in one guess. Warm-start demonstrations play games by guessing uniformly among the numbers the
+    feedback so far allows."""
+
+    high: int = 20
+    name: str = "guess"
+    max_turns: int = 8  # the demonstrations' length bound (the agent's max_turns)
+
+    def _problem(self, rng: random.Random) -> Problem:
+        secret = rng.randint(1, self.high)
+        text = guess_prompt(self.high)
+        return Problem(self.name, text, str(secret), messages=({"role": "user", "content": text},),
+                       columns={"secret": secret, "high": self.high})
+
+    def sft_conversations(self, seed: int, n: int) -> list[list[dict[str, str]]]:
+        """n games played by a policy that never contradicts the feedback, the first message being the prompt."""
+        rng = _rng(seed, 2)
+        games = []
+        for _ in range(n):
+            secret, lo, hi = rng.randint(1, self.high), 1, self.high
+            messages = [{"role": "user", "content": guess_prompt(self.high)}]
+            for _turn in range(self.max_turns):
+                guess = rng.randint(lo, hi)
+                messages.append({"role": "assistant", "content": str(guess)})
+                if guess == secret:
+                    break
+                lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)
+                messages.append({"role": "user", "content": guess_feedback(guess, secret)})
+            if messages[-1]["role"] != "assistant":
+                messages.pop()
+            games.append(messages)
+        return games
+
+    def corpus(self) -> str:
+        lines = [guess_prompt(self.high)] + [guess_feedback(g, g + 1) + " " + guess_feedback(g + 1, g)
+                                             for g in range(1, self.high)]
+        return "\n".join(lines) + "\nuser: assistant: system: tool: \n"

@@ -453,3 +453,26 @@ def test_eval_samples_the_runs_distribution_unless_told_otherwise():
     told = parse_config({**_base(), "rollout": {"temperature": 0.7, "top_p": 0.9},
                          "eval": {"every": 1, "temperature": 1.0, "top_k": 5}})
     assert told.eval.sampling(told.rollout) == TokenDistribution(temperature=1.0, top_p=0.9, top_k=5)
+
+
+@pytest.mark.parametrize("agent, extra, message", [
+    ({}, {}, "either `tools`"),
+    ({"tools": ["python"], "environment": "guess"}, {}, "not both"),
+    ({"tools": ["calculator"]}, {}, "'calculator' is neither `python` nor"),
+    ({"tools": ["python", "python"]}, {}, "listed twice"),
+    ({"environment": "chess"}, {}, "agent.environment"),
+    ({"tool_parser": "mistral", "tools": ["python"]}, {}, "'hermes'"),
+    ({"environment": "guess"}, {"eval": {"every": 2}}, "eval.every: the eval phase samples single completions"),
+    ({"environment": "guess"}, {"rewards": [{"fn": "exact_match"}]}, "scores its trajectories itself"),
+    ({"environment": "guess", "max_turns": 0}, {}, "agent.max_turns"),
+])
+def test_agent_section_is_validated(agent, extra, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config({**_base(), "task": {"name": "guess"}, "agent": agent, **extra})
+
+
+def test_agent_tools_need_the_sandbox_only_for_python():
+    assert parse_config({**_base(), "agent": {"tools": ["python"]}}).needs_sandbox()
+    assert parse_config({**_base(), "task": {"name": "code"}, "agent": {"environment": "code_feedback"}}).needs_sandbox()
+    assert not parse_config({**_base(), "agent": {"tools": ["configs.chat_rewards:f"]}}).needs_sandbox()
+    assert not parse_config({**_base(), "task": {"name": "guess"}, "agent": {"environment": "guess"}}).needs_sandbox()

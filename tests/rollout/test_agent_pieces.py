@@ -237,16 +237,16 @@ def test_guessing_game_gives_hints_and_a_reward_that_falls_with_the_turns():
     env = GuessingGame(high=100, max_turns=4)
     assert "1 to 100" in env.reset({"secret": 37})[0]["content"]
     s = env.step("I guess 50")
-    assert (s.messages[0]["content"], s.reward, s.done) == ("50 is wrong: lower.", 0.0, False)
+    assert (s.messages[0]["content"], s.reward, s.done, s.solved) == ("lower", 0.0, False, False)
     s = env.step("25?")
     assert "higher" in s.messages[0]["content"] and not s.done
     s = env.step("then 37")
-    assert (s.messages, s.reward, s.done) == ([], 1.0 - 2 / 4, True)
+    assert (s.messages, s.reward, s.done, s.solved) == ([], 1.0 - 2 / 4, True, True)
     env.reset({"secret": 5})
     assert env.step("5").reward == 1.0
     env.reset({"secret": 5})
     steps = [env.step(t) for t in ("no idea", "1", "2", "3")]
     assert steps[0].messages[0]["content"] == "Answer with one number." and [s.done for s in steps] == [False] * 3 + [True]
-    assert all(s.reward == 0.0 for s in steps)
+    assert all(s.reward == 0.0 and not s.solved for s in steps)
     with pytest.raises(ValueError, match="`secret` column"):
         env.reset({"secret": 500})

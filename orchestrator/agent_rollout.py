@@ -1,0 +1,170 @@
+"""The `agent:` section in the loop: each iteration's rollout as multi-turn trajectories (rollout/agent/) on the
+run's engines, `n_samples` per prompt (a prompt's trajectories form its group).
+
+- tools: every trajectory is a conversation starting from the problem's prompt (after `model.system_prompt`), with
+  the tools' schemas passed to the chat template; `python` gets a sandbox session of the trajectory's own, closed
+  when it ends. The model's last turn is what the task's scorer or `rewards:` score.
+- environment: the environment starts the conversation from the problem's columns and scores the trajectory
+  itself (`guess` with task.name guess, `code_feedback` with task.name code or a dataset with `prompt` and `tests`).
+
+Every token keeps the policy version that sampled it: the iteration whose weights the engines serve (the run's
+iteration - 1; the inserted tokens -1)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config import ConfigError
+from orchestrator.rewards import RewardPhase
+from rollout.agent import (AgentLimits, AgentRunner, CodeFeedback, EnvEpisode, Episode, GuessingGame, PythonSession,
+                           Tool, ToolBox, ToolEpisode, agent_metrics, demonstration, get_parser, load_tool)
+from rollout.agent.config import AgentConfig
+from rollout.samples import Samples
+from rollout.tasks import Problem
+from trainer.batch import TokenDistribution, TrainSequence
+
+
+@dataclass
+class Rollout:
+    """One iteration's samples; for an agent, with its metrics and the rollout's time split into the engine's
+    turns (`generate`) and the tools' or environment's replies (`tools`), in seconds."""
+
+    samples: Samples
+    metrics: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, tokenizer, chat_template: str | None, system_prompt: str | None,
+                 max_new_tokens: int, sandbox_url: str | None, task_name: str, context: int | None = None) -> None:
+        if not chat_template:
+            raise ConfigError("agent: multi-turn trajectories are rendered with a chat template; the model's "
+                              "tokenizer has none and model.chat_template names none (set it to a .jinja file)")
+        if cfg.environment == "guess" and task_name != "guess":
+            raise ConfigError(f"agent.environment guess plays the problems of task.name guess, not {task_name!r}")
+        if cfg.environment == "code_feedback" and task_name not in ("code", "dataset", "jsonl"):
+            raise ConfigError(f"agent.environment code_feedback needs coding problems with tests (task.name code, or "
+                              f"a dataset with `prompt` and `tests` columns), not task.name {task_name!r}")
+        self.cfg, self.system_prompt = cfg, system_prompt
+        tokenizer.chat_template = chat_template  # the one template every rendering uses (model.chat_template)
+        self.tokenizer = tokenizer
+        self.limits = AgentLimits(max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
+                                  max_tokens_per_turn=cfg.max_tokens_per_turn or max_new_tokens,
+                                  max_tool_response_tokens=cfg.max_tool_response_tokens, context=context)
+        self.parser = get_parser(cfg.tool_parser)
+        try:
+            self.user_tools: list[Tool] = [load_tool(spec) for spec in cfg.tools if spec != "python"]
+        except ValueError as e:
+            raise ConfigError(f"agent.tools: {e}") from None
+        self.client = None
+        if cfg.uses_sandbox:
+            from sandbox.client import SandboxClient
+
+            if not sandbox_url:
+                raise ConfigError("agent: the python tool and code_feedback need the sandbox service")
+            self.client = SandboxClient(sandbox_url)
+        python = [PythonSession(None).tool()] if "python" in cfg.tools else []
+        self.schemas = [t.schema for t in python + self.user_tools] or None
+
+    @property
+    def scores_itself(self) -> bool:
+        return self.cfg.environment is not None
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def rollout(self, generate: Callable[[list[Problem], int, int], Samples], problems: list[Problem],
+                n_samples: int, seed: int, version: int) -> Rollout:
+        """`generate(problems, max_new_tokens, seed)`: one completion per problem from the engines."""
+        counts: Counter = Counter()
+        episodes, groups = [], []
+        for g, p in enumerate(problems):
+            for _ in range(n_samples):
+                episodes.append(self._episode(p, counts))
+                groups.append(g)
+        runner = AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version)
+        samples = runner.run(episodes, seed, task_ids=[problems[g].task_id for g in groups], groups=groups)
+        latencies = [t for ep in episodes for t in getattr(ep, "latencies", [])]
+        metrics = agent_metrics(samples, counts, latencies, runner.outcomes if self.scores_itself else ())
+        return Rollout(samples, metrics, {"generate": runner.timings["generate_s"], "tools": runner.timings["tool_s"]})
+
+    def demonstrations(self, conversations: list[list[dict[str, str]]], end_of_turn: list[int]) -> list[TrainSequence]:
+        """Written conversations (the first message the prompt) as warm-start sequences laid out as rollouts lay
+        out trajectories: the model's turns trained on, the rest masked."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        out = []
+        for messages in conversations:
+            messages = system + messages if system and messages[0]["role"] != "system" else messages
+            prompt = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            t = demonstration(self.tokenizer, messages, prompt, end_of_turn or [self.tokenizer.eos_token_id],
+                              self.schemas)
+            out.append(TrainSequence(t.prompt_ids, t.ids, loss_mask=[float(m) for m in t.mask]))
+        return out
+
+    def _episode(self, problem: Problem, counts: Counter) -> Episode:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if self.cfg.environment is not None:
+            return _SystemFirst(EnvEpisode(self._environment(), env_columns(problem)), system)
+        messages = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
+        if system and messages[0]["role"] != "system":
+            messages = system + messages
+        resources, tools = [], list(self.user_tools)
+        if "python" in self.cfg.tools:
+            py = PythonSession(self.client, {"memory_mb": self.cfg.python.memory_mb}, self.cfg.python.session_ttl_s,
+                               self.cfg.python.cell_timeout_s)
+            resources.append(py)
+            tools.insert(0, py.tool())
+        # a tool's output is cut to max_tool_response_tokens by the runner; the characters' bound keeps a flood
+        # from being tokenised whole first
+        box = ToolBox(tools, timeout_s=self.cfg.tool_timeout_s, max_chars=16 * self.cfg.max_tool_response_tokens)
+        return ToolEpisode(messages, self.parser, box, counts, resources)
+
+    def _environment(self):
+        if self.cfg.environment == "guess":
+            return GuessingGame(max_turns=self.cfg.max_turns)
+        return CodeFeedback(self.client, max_turns=self.cfg.max_turns)
+
+
+class _SystemFirst:
+    """An environment's episode with `model.system_prompt` put before the messages it starts from."""
+
+    def __init__(self, episode: EnvEpisode, system: list[dict[str, str]]) -> None:
+        self.episode, self.system = episode, system
+
+    def start(self) -> list[dict[str, Any]]:
+        messages = self.episode.start()
+        return self.system + messages if self.system and messages[0]["role"] != "system" else messages
+
+    async def respond(self, assistant_text: str):
+        return await self.episode.respond(assistant_text)
+
+
+def env_columns(problem: Problem) -> dict[str, Any]:
+    """What an environment starts from: the problem's columns, its prompt's text, and a coding problem's test spec
+    (the code task's answer is a JSON object with `tests`)."""
+    prompt = problem.messages[-1]["content"] if problem.messages else problem.prompt
+    columns: dict[str, Any] = {"prompt": prompt, "answer": problem.answer}
+    try:
+        spec = json.loads(problem.answer)
+    except (TypeError, ValueError):
+        spec = None
+    if isinstance(spec, dict):
+        columns |= {k: spec[k] for k in ("tests", "language") if k in spec}
+    return columns | dict(problem.columns)
+
+
+def episode_rewards(samples: Samples) -> RewardPhase:
+    """The reward phase of environments that scored their trajectories themselves."""
+    values = [s.reward for s in samples]
+    if any(v is None for v in values):
+        raise RuntimeError("an environment ended a trajectory without a reward")
+    return RewardPhase({"reward_mean": sum(values) / len(values) if values else float("nan")})
+
+
+def engine_turns(engines, sampling: TokenDistribution) -> Callable[[list[Problem], int, int], Samples]:
+    """The runner's `generate` on the run's engines: one completion per trajectory, from the run's distribution."""
+    return lambda problems, max_new_tokens, seed: engines.generate(problems, 1, max_new_tokens, sampling, seed)

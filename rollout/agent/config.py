@@ -1,0 +1,68 @@
+"""The YAML `agent:` section: multi-turn rollouts, either a conversation in which the model calls tools (`tools`)
+or an environment that answers each turn (`environment`). Absent: today's one prompt -> one completion."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ENVIRONMENTS = ("guess", "code_feedback")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class PythonToolConfig(_Strict):
+    """The built-in `python` tool: one sandbox session (a Jupyter-style interpreter) per trajectory."""
+
+    cell_timeout_s: float = Field(10.0, gt=0, description="Seconds one call's code may run; past it the "
+                                  "interpreter is restarted, the call fails as a timeout and the model reads so.")
+    session_ttl_s: float = Field(300.0, gt=0, description="Seconds an idle session lives before the sandbox reaps "
+                                 "it (what ends the sessions of a run that died).")
+    memory_mb: int = Field(256, gt=0, description="Memory limit of each session's interpreter, in MiB.")
+
+
+class AgentConfig(_Strict):
+    tools: list[str] = Field([], description="Tools the model may call: `python` (code run in a sandbox session "
+                             "of the trajectory's own) and user functions as \"package.module:function\" (typed, with "
+                             "a Google-style docstring: their OpenAI schema is derived from it). A trajectory ends "
+                             "at the first turn without a call; the task's scorer or `rewards:` score its last "
+                             "turn.")
+    environment: Literal["guess", "code_feedback"] | None = Field(
+        None, description="An environment answering every turn, instead of tools: `guess` (task.name guess: "
+        "higher/lower feedback, reward falling with the number of guesses) or `code_feedback` (task.name code: "
+        "the failing tests go back to the model; reward: the last attempt's pass fraction). It scores the "
+        "trajectory itself.")
+    tool_parser: Literal["hermes", "llama3_json"] = Field(
+        "hermes", description="How tool calls are read from the model's text: `hermes` (<tool_call>{json}"
+        "</tool_call>, Qwen's) or `llama3_json` (a JSON object per call, Llama 3.x's).")
+    max_turns: int = Field(4, ge=1, description="Model turns per trajectory at most.")
+    max_total_tokens: int = Field(512, gt=0, description="Tokens after the prompt per trajectory at most (the "
+                                  "model's and the inserted ones): a turn never runs past it, and a reply that "
+                                  "would ends the trajectory.")
+    max_tokens_per_turn: int | None = Field(None, gt=0, description="Tokens one model turn may generate; null: "
+                                            "rollout.max_new_tokens.")
+    max_tool_response_tokens: int = Field(128, gt=0, description="A tool's output (or an environment's reply) is "
+                                          "cut to this many tokens before the model reads it, with a note of how "
+                                          "many were cut.")
+    tool_timeout_s: float = Field(30.0, gt=0, description="Seconds a tool call may take before it fails as a "
+                                  "timeout (the model reads the error; counted in tools/timeouts).")
+    python: PythonToolConfig = Field(PythonToolConfig(), description="The built-in `python` tool's sandbox "
+                                     "sessions.")
+
+    @model_validator(mode="after")
+    def _tools_or_environment(self) -> "AgentConfig":
+        if bool(self.tools) == (self.environment is not None):
+            raise ValueError("agent: give either `tools` (a conversation with tool calls) or `environment` (an "
+                             "environment answering each turn), not both and not neither")
+        for spec in self.tools:
+            if spec != "python" and ":" not in spec:
+                raise ValueError(f"agent.tools: {spec!r} is neither `python` nor \"package.module:function\"")
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError("agent.tools: a tool is listed twice")
+        return self
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return "python" in self.tools or self.environment == "code_feedback"
