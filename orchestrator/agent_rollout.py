@@ -20,7 +20,8 @@ from typing import Any
 from orchestrator.config import ConfigError
 from orchestrator.rewards import RewardPhase
 from rollout.agent import (AgentLimits, AgentRunner, CodeFeedback, EnvEpisode, Episode, GuessingGame, PythonSession,
-                           Tool, ToolBox, ToolEpisode, agent_metrics, demonstration, get_parser, load_tool)
+                           Tool, ToolBox, ToolCall, ToolEpisode, agent_metrics, demonstration, get_parser,
+                           load_tool)
 from rollout.agent.config import AgentConfig
 from rollout.samples import Samples
 from rollout.tasks import Problem
@@ -39,7 +40,8 @@ class Rollout:
 
 class Agent:
     def __init__(self, cfg: AgentConfig, tokenizer, chat_template: str | None, system_prompt: str | None,
-                 max_new_tokens: int, sandbox_url: str | None, task_name: str, context: int | None = None) -> None:
+                 max_new_tokens: int, sandbox_url: str | None, task_name: str, context: int | None = None,
+                 deterministic: bool = True) -> None:
         if not chat_template:
             raise ConfigError("agent: multi-turn trajectories are rendered with a chat template; the model's "
                               "tokenizer has none and model.chat_template names none (set it to a .jinja file)")
@@ -49,6 +51,7 @@ class Agent:
             raise ConfigError(f"agent.environment code_feedback needs coding problems with tests (task.name code, or "
                               f"a dataset with `prompt` and `tests` columns), not task.name {task_name!r}")
         self.cfg, self.system_prompt = cfg, system_prompt
+        self.overlap = (not deterministic) if cfg.overlap is None else cfg.overlap
         tokenizer.chat_template = chat_template  # the one template every rendering uses (model.chat_template)
         self.tokenizer = tokenizer
         self.limits = AgentLimits(max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
@@ -86,7 +89,7 @@ class Agent:
             for _ in range(n_samples):
                 episodes.append(self._episode(p, counts))
                 groups.append(g)
-        runner = AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version)
+        runner = AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version, self.overlap)
         samples = runner.run(episodes, seed, task_ids=[problems[g].task_id for g in groups], groups=groups)
         latencies = [t for ep in episodes for t in getattr(ep, "latencies", [])]
         metrics = agent_metrics(samples, counts, latencies, runner.outcomes if self.scores_itself else ())
@@ -98,12 +101,21 @@ class Agent:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         out = []
         for messages in conversations:
+            messages = [self._as_written(m) for m in messages]
             messages = system + messages if system and messages[0]["role"] != "system" else messages
             prompt = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
             t = demonstration(self.tokenizer, messages, prompt, end_of_turn or [self.tokenizer.eos_token_id],
                               self.schemas)
             out.append(TrainSequence(t.prompt_ids, t.ids, loss_mask=[float(m) for m in t.mask]))
         return out
+
+    def _as_written(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A demonstration's assistant message with OpenAI `tool_calls` as the text the model writes for them
+        (what agent.tool_parser reads back)."""
+        if message.get("role") != "assistant" or not message.get("tool_calls"):
+            return message
+        calls = [ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+        return {"role": "assistant", "content": (message.get("content") or "") + self.parser.format(calls)}
 
     def _episode(self, problem: Problem, counts: Counter) -> Episode:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []

@@ -8,7 +8,8 @@ within `rollout.max_logprob_gap`. It is checked before the iteration publishes a
 The probe (`rollout.probe_every`): after a sync each engine samples one completion for each of a fixed set
 of probe prompts, with the run's temperature / top-p / top-k and a fixed seed, and the trainer recomputes the
 log-probs of those tokens under the same distribution; the worst engine's mean gap has the same bound. It
-covers every engine by name, which the first mini-batch need not."""
+covers every engine by name, which the first mini-batch need not. With `agent:` the probe also plays fixed
+multi-turn trajectories and compares the sampled tokens' log-probs, each turn sampled after inserted tokens."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -36,6 +37,12 @@ def probe_problems(task: RenderedTask, seed: int, n: int) -> list[Problem]:
     return problems
 
 
+def agent_probe_problems(task: RenderedTask, seed: int, n: int) -> list[Problem]:
+    """The multi-turn probe's problems: the task's own (with the columns an environment starts from), from a
+    stream training never draws."""
+    return task.problems(seed + PROBE_STREAM, 0, n)
+
+
 def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Problem], max_new_tokens: int,
                 sampling: TokenDistribution, seed: int) -> float:
     """Mean |engine - trainer| log-prob of the tokens each engine samples for `problems`, worst engine."""
@@ -45,6 +52,19 @@ def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Pro
         diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b in zip(x, s.logprobs)]
         gaps.append(sum(diffs) / len(diffs))
     return max(gaps)
+
+
+def agent_logprob_gap(trainer: TrainerGroup, agent, rollout: RolloutGroup, problems: list[Problem],
+                      sampling: TokenDistribution, seed: int) -> float:
+    """With `agent:`, the same check on multi-turn trajectories of fixed problems: mean |engine - trainer|
+    log-prob over the tokens the engines sampled, each turn continued from the tokens before it (the inserted
+    ones included), as the trainer reads the whole trajectory at once."""
+    from orchestrator.agent_rollout import engine_turns
+
+    samples = agent.rollout(engine_turns(rollout, sampling), problems, 1, seed + PROBE_STREAM, version=-1).samples
+    ours = trainer.logprobs(samples_batch(samples, sampling))
+    diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b, m in zip(x, s.logprobs, s.loss_mask) if m]
+    return sum(diffs) / len(diffs)
 
 
 def probe_due(interval: int, iteration: int) -> bool:

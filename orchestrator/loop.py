@@ -9,7 +9,7 @@ from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
-from orchestrator.logprob_check import check_logprob_gap, logprob_gap, probe_due
+from orchestrator.logprob_check import agent_logprob_gap, check_logprob_gap, logprob_gap, probe_due
 from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
@@ -95,6 +95,9 @@ def run_iterations(s: Session) -> None:
                 with run.phase(it, "probe"):
                     probe["probe_gap"] = logprob_gap(s.trainer, s.rollout, s.probe, r.max_new_tokens, s.sampling,
                                                      cfg.seed)
+                    if s.agent:
+                        probe["probe_gap_agent"] = agent_logprob_gap(s.trainer, s.agent, s.rollout, s.agent_probe,
+                                                                     s.sampling, cfg.seed)
             evaluation = {}
             if cfg.eval.every and it % cfg.eval.every == 0:
                 with run.phase(it, "eval"):
@@ -110,8 +113,9 @@ def run_iterations(s: Session) -> None:
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")
-            if probe:
-                check_logprob_gap(it, probe["probe_gap"], gap_bound, origin=bound_origin)
+            for name, gap in probe.items():
+                check_logprob_gap(it, gap, gap_bound, f"the {name.removeprefix('probe_gap').strip('_') or 'probe'} "
+                                  f"batch", bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")

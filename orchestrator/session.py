@@ -21,7 +21,7 @@ from orchestrator.checkpointing import restore_checkpoint
 from orchestrator.cluster import connect
 from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
-from orchestrator.logprob_check import probe_problems
+from orchestrator.logprob_check import agent_probe_problems, probe_problems
 from orchestrator.model_source import resolve_model_dir
 from orchestrator.placement import Placement
 from orchestrator.prompts import PromptRenderer, RenderedTask
@@ -53,6 +53,7 @@ class Session:
     reward_functions: RewardFunctions | None = None  # `rewards:`; None: the task scores
     rollout: RolloutGroup | None = None
     agent: "Agent | None" = None  # `agent:`: multi-turn rollouts (orchestrator/agent_rollout.py)
+    agent_probe: list[Problem] = field(default_factory=list)  # the probe's multi-turn problems (with `agent:`)
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
 
@@ -84,7 +85,7 @@ class Session:
 
                 agent = Agent(cfg.agent, AutoTokenizer.from_pretrained(model_dir), renderer.template,
                               cfg.model.system_prompt, cfg.rollout.max_new_tokens, sandbox_url, cfg.task.name,
-                              context=_model_context(model_dir, cfg))
+                              context=_model_context(model_dir, cfg), deterministic=cfg.deterministic)
                 stack.callback(agent.close)
             reward_functions = None
             if cfg.rewards:
@@ -127,7 +128,7 @@ class Session:
             stack.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
             session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early,
-                          agent=agent)
+                          agent=agent, agent_probe=agent_probe_problems(task, cfg.seed, 2) if agent else [])
             session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)

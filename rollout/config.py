@@ -217,9 +217,10 @@ DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".c
 class TaskConfig(_Strict):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "reverse", "guess", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
-        "addition", description="Where prompts come from: `addition` and `reverse` (synthetic), `guess` (the "
-        "guessing game's secret numbers, for agent.environment guess), `jsonl` (lines of {prompt, answer}), "
+    name: Literal["addition", "multiply", "reverse", "guess", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
+        "addition", description="Where prompts come from: `addition`, `multiply` and `reverse` (synthetic; "
+        "multiply's products are for a tool), `guess` (the guessing game's secret numbers, for agent.environment "
+        "guess), `jsonl` (lines of {prompt, answer}), "
         "`dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` (coding problems "
         "scored in the sandbox).")
     path: ConfigPath | None = Field(
@@ -239,7 +240,8 @@ class TaskConfig(_Strict):
     seed: int | None = Field(None, description="reasoning_gym: the generator's seed; null: the run's seed.")
     config: dict[str, Any] = Field({}, description="reasoning_gym: the dataset's own options, passed to its "
                                    "generator.")
-    max_digits: int = Field(2, gt=0, description="addition: most digits per operand.")
+    max_digits: int = Field(2, gt=0, description="addition: most digits per operand; multiply: digits of each "
+                            "operand.")
     length: int = Field(3, gt=0, description="reverse: length of the strings to reverse.")
     high: int = Field(20, ge=2, description="guess: the secret number is drawn from 1..high.")
 

@@ -48,6 +48,11 @@ class AgentConfig(_Strict):
                                           "many were cut.")
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds a tool call may take before it fails as a "
                                   "timeout (the model reads the error; counted in tools/timeouts).")
+    overlap: bool | None = Field(None, description="Call the engines for the trajectories whose tools have "
+                                 "answered while other trajectories' tools still run (tool time hides behind "
+                                 "generation); false: every live trajectory advances one turn per engine call, in "
+                                 "lockstep. null: overlap unless `deterministic` (which trajectories share an engine "
+                                 "call then depends on tool timings).")
     python: PythonToolConfig = Field(PythonToolConfig(), description="The built-in `python` tool's sandbox "
                                      "sessions.")
 

@@ -97,8 +97,8 @@ class CodeFeedback:
         if fraction == 1.0 or self.turns >= self.max_turns:
             return Step([], fraction, True, solved=fraction == 1.0)
         passed, total = r.tests_passed or 0, r.tests_total or len(self.tests)
-        detail = (r.stderr or r.stdout)[-self.max_feedback_chars:]
+        detail = (r.stderr or r.stdout).strip()[-self.max_feedback_chars:]
         why = "" if r.status.value == "ok" else f" ({r.status.value.replace('_', ' ')})"
-        return Step([{"role": "user", "content": f"{total - passed} of {total} tests failed{why}:\n{detail}\n"
-                                                 f"Fix the code."}], 0.0, False)
+        return Step([{"role": "user", "content": f"{total - passed} of {total} tests failed{why}. Fix the code.\n"
+                                                 f"{detail}"}], 0.0, False)
 

@@ -34,6 +34,9 @@ class ToolParser(Protocol):
 
     def parse(self, text: str) -> ParsedTurn: ...
 
+    def format(self, calls: list[ToolCall]) -> str:
+        """The text of a turn making `calls`, as this parser reads it back (written demonstrations)."""
+
 
 def _call(obj: Any, arguments_key: str) -> ToolCall | str:
     """A ToolCall from a decoded JSON value, or why it is not one."""
@@ -94,6 +97,10 @@ class HermesParser:
             errors.append(f"a {self._CLOSE} without its {self._OPEN}")
         return ParsedTurn("".join(content).strip(), calls, errors)
 
+    def format(self, calls: list[ToolCall]) -> str:
+        return "".join(self._OPEN + json.dumps({"name": c.name, "arguments": c.arguments}) + self._CLOSE
+                       for c in calls)
+
 
 class Llama3JsonParser:
     name = "llama3_json"
@@ -123,6 +130,9 @@ class Llama3JsonParser:
             sep = re.match(r"\s*;?\s*", body[pos:])
             pos += sep.end() if sep else 0
         return ParsedTurn("", calls, errors)
+
+    def format(self, calls: list[ToolCall]) -> str:
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
 
 
 PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}

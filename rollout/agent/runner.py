@@ -1,5 +1,5 @@
-"""The multi-turn rollout: every trajectory of a batch advances one turn per engine call, in lockstep (one
-`generate` of the live trajectories' token ids, then every reply at once), until each ends.
+"""The multi-turn rollout: every trajectory of a batch goes turn by turn -- the engine samples its turn, its
+episode replies -- until each ends.
 
 An episode says what follows a model turn: `ToolEpisode` parses tool calls and runs them (results as `tool`
 messages; a malformed call or a failed tool becomes an error message the model reads, and is counted), and
@@ -8,8 +8,14 @@ when the model's turn ends without a call (tools), at `max_turns`, when the mode
 when the next turn would pass `max_total_tokens` or the engines' context; the sampled tokens are never re-encoded
 (rollout/agent/trajectory.py), so what the trainer trains on is what the engine sampled, plus masked inserts.
 
-This first version runs the turns of all trajectories in lockstep on the synchronous engine; tool calls of one
-trajectory overlap those of the others, not the generation of others (the asynchronous engine is next)."""
+Scheduling: every trajectory's turn is sampled with its own seed and token budget, so what a trajectory samples
+does not depend on which others share an engine call. In lockstep the engine is called once per turn with every
+live trajectory, after all replies of the turn are in. With `overlap`, the engine is called whenever it is idle
+with the trajectories whose replies are in, while other trajectories' tools run: tool time hides behind
+generation (scripts/bench_agent.py). Which trajectories share a call then depends on tool timings, and batch
+composition can move float results in the last bits: deterministic runs use lockstep. The engine call itself
+is synchronous (the rollout group's `generate`): trajectories that become ready during a call wait for the next
+one, where vLLM's asynchronous engine would take them into the running batch."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +23,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -121,11 +128,18 @@ def turn_seed(seed: int, trajectory: int, turn: int) -> int:
 
 
 class AgentRunner:
+    """Runs a batch of episodes to their ends on `generate`. `overlap`: a trajectory whose reply came back joins
+    the next engine call at once, while other trajectories' tools still run (the engine generates whatever is
+    ready); without it every live trajectory advances one turn per engine call, in lockstep, so that which
+    trajectories share an engine call is fixed by the episodes alone (deterministic runs)."""
+
     def __init__(self, generate: Generate, tokenizer, limits: AgentLimits, tools: list[dict] | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, overlap: bool = False) -> None:
         self.generate, self.tokenizer, self.limits = generate, tokenizer, limits
-        self.tools, self.version = tools, version
-        self.timings = Counter()  # generate_s: the engine's turns; tool_s: the tools' or environments' replies
+        self.tools, self.version, self.overlap = tools, version, overlap
+        # generate_s: seconds the engines were busy; tool_s: seconds at least one tool call or environment step
+        # was running (in lockstep the two add up to the rollout; overlapped, they run at the same time)
+        self.timings = Counter()
         self.outcomes: list[tuple[int, bool]] = []  # (model turns, solved) of every trajectory of the last run
 
     def run(self, episodes: Sequence[Episode], seed: int, task_ids: Sequence[str] | None = None,
@@ -133,63 +147,94 @@ class AgentRunner:
         """One trajectory per episode, as Samples whose completion is everything after the first prompt, with
         its loss mask and versions; `reward` is the episode's own (environments) or None (score it after), `text`
         the model's last turn (what a scorer reads) and `conversation` every message after the prompt.
-        `groups[i]`: the prompt episode i answers (its Sample.prompt_index; default i)."""
+        `groups[i]`: the prompt episode i answers (its Sample.prompt_index; default i). An episode's resources
+        (its python session) are closed as soon as its trajectory ends."""
         self.timings.clear()
         live, self._prompt_messages = [], []
         for i, ep in enumerate(episodes):
             messages = ep.start()
             self._prompt_messages.append(len(messages))
             live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True))))
-        done: list[_Live] = []
-        try:
-            self._turns(live, done, seed)
-        finally:
-            asyncio.run(_close([x.episode for x in live + done]))
+        done = asyncio.run(self._run(live, seed))
         done.sort(key=lambda x: x.index)
         self.outcomes = [(x.traj.turns, x.solved) for x in done]
         return Samples([self._sample(x, task_ids, groups) for x in done])
 
-    def _turns(self, live: list[_Live], done: list[_Live], seed: int) -> None:
-        turn = 0
-        while live:
-            t0 = time.monotonic()
-            samples = self.generate([Problem(task_id=str(x.index), prompt="", answer="",
-                                             prompt_ids=tuple(x.traj.all_ids), seed=turn_seed(seed, x.index, turn),
-                                             max_new_tokens=self._budget(x)) for x in live],
-                                    self.limits.max_tokens_per_turn, seed)
+    async def _run(self, live: list[_Live], seed: int) -> list[_Live]:
+        # every trajectory's tool call or environment step may wait on I/O at once (the default pool has 6 threads)
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(min(256, len(live) + 2)))
+        waiting, replying, done = list(live), {}, []
+        engine: asyncio.Task | None = None
+        batch: list[_Live] = []
+        self._busy, self._busy_since = 0, 0.0
+        try:
+            while waiting or replying or engine:
+                if engine is None and waiting and (self.overlap or not replying):
+                    batch, waiting = sorted(waiting, key=lambda x: x.index), []
+                    engine = asyncio.create_task(self._generate(batch, seed))
+                finished, _ = await asyncio.wait([*replying, *([engine] if engine else [])],
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                if engine in finished:
+                    for x, s in zip(batch, engine.result().items, strict=True):
+                        x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
+                        x.messages.append({"role": "assistant", "content": s.text})
+                        x.finish = s.finish_reason
+                        replying[asyncio.create_task(self._reply(x))] = x
+                    engine = None
+                for task in [t for t in finished if t in replying]:
+                    x = replying.pop(task)
+                    if self._advance(x, task.result()):
+                        waiting.append(x)
+                    else:
+                        done.append(x)
+                        await _close([x.episode])
+        finally:
+            for task in replying:
+                task.cancel()
+            if engine is not None:
+                await asyncio.gather(engine, return_exceptions=True)  # a thread in the engine's call: let it end
+            await _close([x.episode for x in live if x not in done])
+        return done
+
+    async def _generate(self, batch: list[_Live], seed: int) -> Samples:
+        t0 = time.monotonic()
+        try:
+            return await asyncio.to_thread(self.generate, [
+                Problem(task_id=str(x.index), prompt="", answer="", prompt_ids=tuple(x.traj.all_ids),
+                        seed=turn_seed(seed, x.index, x.traj.turns), max_new_tokens=self._budget(x)) for x in batch],
+                self.limits.max_tokens_per_turn, seed)
+        finally:
             self.timings["generate_s"] += time.monotonic() - t0
-            for x, s in zip(live, samples.items, strict=True):
-                x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
-                x.messages.append({"role": "assistant", "content": s.text})
-                x.finish = s.finish_reason
-            t0 = time.monotonic()
-            replies = asyncio.run(self._respond(live))
-            self.timings["tool_s"] += time.monotonic() - t0
-            turn += 1
-            still = []
-            for x, reply in zip(live, replies):
-                if reply.reward is not None:
-                    x.reward = reply.reward
-                x.solved = x.solved or reply.solved
-                why = ("episode" if reply.done else "length" if x.finish == "length"
-                       else "max_turns" if turn >= self.limits.max_turns else "")
-                if not why:
-                    why = self._insert(x, reply.messages)
-                if why:
-                    x.finish = why
-                    done.append(x)
-                else:
-                    still.append(x)
-            live[:] = still
+
+    async def _reply(self, x: _Live) -> Reply:
+        if self._busy == 0:
+            self._busy_since = time.monotonic()
+        self._busy += 1
+        try:
+            return await x.episode.respond(x.messages[-1]["content"])
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self.timings["tool_s"] += time.monotonic() - self._busy_since
+
+    def _advance(self, x: _Live, reply: Reply) -> bool:
+        """Take an episode's reply to the trajectory's last turn: True when the trajectory goes on."""
+        if reply.reward is not None:
+            x.reward = reply.reward
+        x.solved = x.solved or reply.solved
+        why = ("episode" if reply.done else "length" if x.finish == "length"
+               else "max_turns" if x.traj.turns >= self.limits.max_turns else "")
+        if not why:
+            why = self._insert(x, reply.messages)
+        if why:
+            x.finish = why
+        return not why
 
     def _budget(self, x: _Live) -> int:
         room = [self.limits.max_tokens_per_turn, self.limits.max_total_tokens - len(x.traj.ids)]
         if self.limits.context:
             room.append(self.limits.context - len(x.traj.all_ids))
         return max(1, min(room))
-
-    async def _respond(self, live: list[_Live]) -> list[Reply]:
-        return await asyncio.gather(*[x.episode.respond(x.messages[-1]["content"]) for x in live])
 
     def _insert(self, x: _Live, new: list[dict[str, Any]]) -> str:
         """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
@@ -208,12 +253,18 @@ class AgentRunner:
         return ""
 
     def _clip(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A tool's result or an environment's reply cut to max_tool_response_tokens."""
+        """A tool's result cut to its first max_tool_response_tokens tokens; an environment's reply to its first
+        line (what happened) and its last tokens (where errors and verdicts are)."""
         ids = self.tokenizer.encode(message["content"], add_special_tokens=False)
         n = self.limits.max_tool_response_tokens
         if len(ids) <= n:
             return message
-        return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
+        if message.get("role") == "tool":
+            return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
+        head = message["content"].split("\n", 1)[0]
+        keep = max(0, n - len(self.tokenizer.encode(head, add_special_tokens=False)))
+        tail = self.tokenizer.decode(ids[len(ids) - keep:]) if keep else ""
+        return {**message, "content": f"{head}\n... ({len(ids) - keep} tokens cut)\n{tail}"}
 
     def _sample(self, x: _Live, task_ids: Sequence[str] | None, groups: Sequence[int] | None) -> Sample:
         t = x.traj

@@ -49,6 +49,39 @@ class AdditionTask(_GeneratedTask):
 
 
 @dataclass
+class MultiplyTask(_GeneratedTask):
+    """`a*b=` -> the product, operands of `max_digits` digits: beyond a tiny model's own arithmetic, within reach
+    with a `python` tool. Warm-start demonstrations call the tool and answer with what it printed."""
+
+    max_digits: int = 3
+    name: str = "multiply"
+
+    def _problem(self, rng: random.Random) -> Problem:
+        lo, hi = 10 ** (self.max_digits - 1), 10**self.max_digits - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        text = f"{a}*{b}="
+        return Problem(self.name, text, str(a * b), messages=({"role": "user", "content": text},))
+
+    def sft_conversations(self, seed: int, n: int) -> list[list[dict]]:
+        """The call in OpenAI's structured form (`tool_calls`): the agent writes it as its parser reads it."""
+        rng = _rng(seed, 2)
+        out = []
+        for _ in range(n):
+            p = self._problem(rng)
+            code = f"print({p.prompt.rstrip('=')})"
+            out.append([dict(p.messages[0]),
+                        {"role": "assistant", "content": "",
+                         "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}]},
+                        {"role": "tool", "content": p.answer},
+                        {"role": "assistant", "content": p.answer}])
+        return out
+
+    def corpus(self) -> str:
+        call = '<tool_call>{"name": "python", "arguments": {"code": "print(12*34)"}}</tool_call>'
+        return "".join(f"{i}*{i}={i * i}\n" for i in range(10)) + call + "\nuser: assistant: tool: \n"
+
+
+@dataclass
 class ReverseTask(_GeneratedTask):
     """`reverse abc:` -> `cba` over a small alphabet."""
 

@@ -94,3 +94,48 @@ def test_what_cannot_run_is_refused_by_name(tokenizer, task, cfg, message):
 def test_a_model_without_a_chat_template_is_refused(tokenizer):
     with pytest.raises(ConfigError, match="chat template"):
         Agent(AgentConfig(environment="guess"), tokenizer, None, None, 8, None, "guess")
+
+
+def python(code: str) -> str:
+    """Evaluate a print of an arithmetic expression (a stand-in for the sandbox's python tool).
+
+    Args:
+        code: a line `print(<expression>)`
+    """
+    return str(eval(code.removeprefix("print(").removesuffix(")"), {"__builtins__": {}}))
+
+
+def test_tool_demonstrations_are_written_as_the_parser_reads_and_laid_out_as_played(tokenizer):
+    """A written tool conversation (OpenAI `tool_calls`) and the same conversation played through the tool loop
+    give the same tokens and masks, with the call written as agent.tool_parser reads it."""
+    from rollout.tasks import MultiplyTask
+
+    agent = _agent(tokenizer, "multiply", environment=None, tools=[f"{__name__}:python"], max_turns=3)
+    task = MultiplyTask(max_digits=3)
+    for conversation, demo in zip(task.sft_conversations(seed=0, n=3), agent.demonstrations(
+            task.sft_conversations(seed=0, n=3), [tokenizer.eos_token_id])):
+        call = agent._as_written(conversation[1])["content"]
+        assert call.startswith("<tool_call>") and agent.parser.parse(call).calls[0].name == "python"
+        problem = task.problems(seed=0, iteration=1, n=1)[0].__class__(
+            "multiply", conversation[0]["content"], conversation[-1]["content"], messages=(conversation[0],))
+        played = agent.rollout(scripted_generate(tokenizer, {0: [call, conversation[-1]["content"]]}), [problem], 1,
+                               seed=0, version=0)
+        s = played.samples.items[0]
+        assert played.metrics["tools/call_frequency"] == 1 and played.metrics["tools/failure_frequency"] == 0
+        assert s.text == conversation[-1]["content"] and s.finish_reason == "episode"
+        assert demo.prompt_ids == s.prompt_ids and demo.completion_ids == s.completion_ids
+        assert demo.loss_mask == [float(m) for m in s.loss_mask]
+
+
+def test_long_replies_are_cut_tools_to_their_head_environments_to_first_line_and_tail(tokenizer):
+    from rollout.agent import AgentLimits, AgentRunner
+
+    runner = AgentRunner(None, tokenizer, AgentLimits(max_tool_response_tokens=60))
+    long = "4 of 4 tests failed\n" + "x" * 300 + "\nSyntaxError: invalid syntax"
+    tool = runner._clip({"role": "tool", "content": long})["content"]
+    env = runner._clip({"role": "user", "content": long})["content"]
+    assert tool.startswith("4 of 4 tests failed\nxxx") and "SyntaxError" not in tool and "tokens cut" in tool
+    assert env.startswith("4 of 4 tests failed\n... (") and env.endswith("xx\nSyntaxError: invalid syntax")
+    assert len(tokenizer.encode(env, add_special_tokens=False)) <= 60 + 25  # the budget and the cut note
+    short = {"role": "user", "content": "lower"}
+    assert runner._clip(short) == short

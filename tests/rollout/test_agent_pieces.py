@@ -250,3 +250,13 @@ def test_guessing_game_gives_hints_and_a_reward_that_falls_with_the_turns():
     assert all(s.reward == 0.0 and not s.solved for s in steps)
     with pytest.raises(ValueError, match="`secret` column"):
         env.reset({"secret": 500})
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json"])
+def test_written_calls_parse_back(name):
+    from rollout.agent import ToolCall, get_parser
+
+    parser = get_parser(name)
+    calls = [ToolCall("python", {"code": "print('a;b')"}), ToolCall("add", {"a": 1, "b": [2, {"c": None}]})]
+    parsed = parser.parse(parser.format(calls))
+    assert parsed.calls == calls and not parsed.errors

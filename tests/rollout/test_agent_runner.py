@@ -112,3 +112,73 @@ def test_tool_calls_malformed_calls_and_failing_tools_become_messages(tokenizer)
     assert (m["turns/mean"], m["turns/max"]) == (2.5, 3.0) and len(lat) == 2
     share = sum(x == 0 for s in samples for x in s.loss_mask) / sum(len(s.loss_mask) for s in samples)
     assert m["masked_token_share"] == share and 0 < share < 1
+
+
+def test_overlap_generates_for_some_while_others_tools_run_and_samples_the_same(tokenizer):
+    """With `overlap`, the engine is called for trajectories whose tools answered while another's tool still runs
+    (recorded, not timed), and every trajectory comes out token for token as in lockstep: each turn has its own
+    seed and budget, whatever shares its engine call. Trajectories' sessions close as each ends."""
+    import asyncio
+    import threading
+
+    running: set[int] = set()
+    lock = threading.Lock()
+    slow_done = threading.Event()
+
+    async def lookup(key: int) -> int:
+        """Look a number up (slowly for key 0, a stand-in for a remote API).
+
+        Args:
+            key: which number
+        """
+        with lock:
+            running.add(key)
+        if key == 0:
+            for _ in range(400):  # until the others have had two more engine calls, 4 s at most
+                if slow_done.is_set():
+                    break
+                await asyncio.sleep(0.01)
+        with lock:
+            running.discard(key)
+        return key * 10
+
+    call = '<tool_call>{"name": "lookup", "arguments": {"key": %d}}</tool_call>'
+    script = {i: [call % i, call % i, f"{i}0"] for i in range(4)}
+
+    def run(overlap: bool):
+        inner, calls = scripted_generate(tokenizer, script), []
+
+        def generate(problems, max_new, seed):
+            with lock:
+                calls.append(([int(p.task_id) for p in problems], sorted(running)))
+                if overlap and sum(1 for _, busy in calls if 0 in busy) >= 2:
+                    slow_done.set()
+            return inner(problems, max_new, seed)
+
+        class Closing:
+            closed: list[int] = []
+
+            def __init__(self, i):
+                self.i = i
+
+            async def close(self):
+                Closing.closed.append(self.i)
+
+        box = ToolBox([tool_from_function(lookup)])
+        episodes = [ToolEpisode([{"role": "user", "content": str(i)}], HermesParser(), box, Counter(), [Closing(i)])
+                    for i in range(4)]
+        runner = AgentRunner(generate, tokenizer, AgentLimits(max_turns=4, max_total_tokens=2000), tools=box.schemas,
+                             overlap=overlap)
+        samples = runner.run(episodes, seed=3).items
+        return samples, calls, Closing.closed, runner.timings
+
+    slow_done.clear()
+    locked, locked_calls, _, _ = run(overlap=False)
+    assert all(busy == [] for _, busy in locked_calls)  # lockstep: no engine call while a tool runs
+    slow_done.clear()
+    overlapped, calls, closed, timings = run(overlap=True)
+    assert any(0 in busy and 0 not in batch for batch, busy in calls), calls  # others generated meanwhile
+    assert closed[-1] == 0 and sorted(closed) == [0, 1, 2, 3]  # each closed when it ended, the slow one last
+    for a, b in zip(locked, overlapped, strict=True):
+        assert (a.completion_ids, a.loss_mask, a.logprobs, a.text) == (b.completion_ids, b.loss_mask, b.logprobs, b.text)
+    assert timings["generate_s"] > 0 and timings["tool_s"] > 0
