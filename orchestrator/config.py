@@ -208,9 +208,6 @@ class TideConfig(Strict):
                                  f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
                                  f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
             if self.agent is not None:
-                if self.eval.every:
-                    raise ValueError("eval.every: the eval phase samples single completions; with `agent:` it would "
-                                     "not measure the agent (multi-turn eval is not built yet): set eval.every 0")
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
                                      "use agent.tools")

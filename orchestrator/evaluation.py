@@ -5,7 +5,12 @@ training never uses), scored after the weight sync of every `every`-th iteration
   Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374, eq. 1) from
   n_samples completions per problem sampled from `eval.temperature`, `top_p`, `top_k` (each unset one: the
   run's own `rollout.*`: EvalConfig.sampling);
-- `eval/reward_mean`: the mean reward of those sampled completions."""
+- `eval/reward_mean`: the mean reward of those sampled completions.
+
+With `agent:` these stay what they are -- the model answering in one completion, without tools or feedback -- and
+the agent is measured beside them on the same problems: n_samples trajectories each, sampled as above and scored
+by the environment or the task (`eval/agent_reward_mean`, `eval/agent_sampled_pass@1`, `eval/agent_turns_mean`).
+configs/tool_calc.yaml reads the gap between the two as what the tool is worth."""
 from __future__ import annotations
 
 from math import comb
@@ -18,6 +23,7 @@ from rollout.tasks import Problem, Task
 from trainer.batch import TokenDistribution
 
 if TYPE_CHECKING:
+    from orchestrator.agent_rollout import Agent
     from orchestrator.rollout_group import RolloutGroup
 
 EVAL_STREAM = 2 * 10**9  # offset of the held-out problems' seed from the run's (never drawn by training)
@@ -41,7 +47,7 @@ def held_out_problems(task: Task, seed: int, n: int) -> list[Problem]:
 
 
 def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: EvalConfig, run: RolloutConfig,
-             seed: int) -> dict[str, float]:
+             seed: int, agent: "Agent | None" = None) -> dict[str, float]:
     """`run`: the run's rollout settings (the completion length and, where `cfg` leaves them unset, the
     sampled completions' temperature, top_p and top_k: EvalConfig.sampling)."""
     tokens = cfg.max_new_tokens or run.max_new_tokens
@@ -57,7 +63,24 @@ def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: 
            "eval/reward_mean": sum(sampled_rewards) / len(sampled_rewards)}
     if n > 1:
         out[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in solved) / len(problems)
+    if agent is not None:
+        out |= _agent_eval(agent, rollout, task, problems, cfg, run, seed)
     return out
+
+
+def _agent_eval(agent: "Agent", rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: EvalConfig,
+                run: RolloutConfig, seed: int) -> dict[str, float]:
+    from orchestrator.agent_rollout import engine_turns
+
+    done = agent.rollout(engine_turns(rollout, cfg.sampling(run)), problems, cfg.n_samples, seed, version=-1)
+    rewards = ([s.reward for s in done.samples] if agent.scores_itself
+               else _rewards(task, problems, done.samples))
+    solved = [0] * len(problems)
+    for s, r in zip(done.samples, rewards):
+        solved[s.prompt_index] += r >= SOLVED
+    return {"eval/agent_reward_mean": sum(rewards) / len(rewards),
+            "eval/agent_sampled_pass@1": sum(pass_at_k(cfg.n_samples, c, 1) for c in solved) / len(problems),
+            "eval/agent_turns_mean": done.metrics["turns/mean"]}
 
 
 def _rewards(task: Task, problems: list[Problem], samples: Samples) -> list[float]:

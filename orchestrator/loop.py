@@ -103,7 +103,7 @@ def run_iterations(s: Session) -> None:
                 with run.phase(it, "eval"):
                     progress.update(bar, description=f"{cfg.name} · eval")
                     evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, r,
-                                          sampling_seed(cfg.seed + EVAL_STREAM, it))
+                                          sampling_seed(cfg.seed + EVAL_STREAM, it), s.agent)
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],

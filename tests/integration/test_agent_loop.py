@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 def _guess_config(tmp: Path, address: str) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "guess.yaml").read_text())
-    cfg.update(iterations=3, save_every=1, keep_checkpoints=3, ray={"address": address})
+    cfg.update(iterations=3, save_every=1, keep_checkpoints=3, ray={"address": address},
+               eval={"every": 3, "prompts": 4, "n_samples": 2})
     cfg["trainer"].update(warmup_sft_steps=6, warmup_sft_batch=16)
     cfg["rollout"].update(prompts_per_iteration=8, n_samples=4, probe_every=1)
     cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-agent-{os.getpid()}"
@@ -52,6 +53,9 @@ def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp
         assert 0.3 < m["masked_token_share"] < 1 and 0 <= m["env/solved"] <= 1
         assert m["tokens"] < m["completion_len"] * m["samples"]  # the trainer counted the model's tokens only
     assert any(m["env/solved"] > 0 for m in metrics)
+    # the eval phase measures the agent beside the single completion (one guess, no feedback) on held-out games
+    assert 0 <= metrics[-1]["eval/agent_reward_mean"] <= 1 and 1 <= metrics[-1]["eval/agent_turns_mean"] <= 6
+    assert 0 <= metrics[-1]["eval/pass@1"] <= 1
     rollouts = [t for t in _jsonl(run / "timings.jsonl") if t["phase"] == "rollout"]
     assert len(rollouts) == 3 and all(set(t["parts"]) == {"generate", "tools"} for t in rollouts)
     assert all(t["parts"]["generate"] + t["parts"]["tools"] <= t["seconds"] for t in rollouts)

@@ -139,3 +139,27 @@ def test_long_replies_are_cut_tools_to_their_head_environments_to_first_line_and
     assert len(tokenizer.encode(env, add_special_tokens=False)) <= 60 + 25  # the budget and the cut note
     short = {"role": "user", "content": "lower"}
     assert runner._clip(short) == short
+
+
+def test_eval_measures_the_agent_beside_the_single_completion(tokenizer):
+    """The eval phase with an agent: the single completion (one guess, no feedback) and the agent's trajectories
+    on the same held-out games, from engines that always answer 7."""
+    from orchestrator.config import EvalConfig
+    from orchestrator.evaluation import evaluate
+    from rollout.config import RolloutConfig
+    from rollout.samples import Sample, Samples
+
+    class Engines:
+        def generate(self, problems, n_samples, max_new_tokens, sampling, seed):
+            ids = tokenizer.encode("7", add_special_tokens=False) + [tokenizer.eos_token_id]
+            return Samples([Sample(i, p.task_id, list(p.prompt_ids), ids, [-0.5] * len(ids), text="7",
+                                   finish_reason="stop") for i, p in enumerate(problems) for _ in range(n_samples)])
+
+    task = GuessTask(high=20)
+    problems = [Problem("guess", "g", str(s), messages=({"role": "user", "content": "g"},),
+                        columns={"secret": s, "high": 20}) for s in (7, 3)]
+    out = evaluate(Engines(), task, problems, EvalConfig(every=1, n_samples=2), RolloutConfig(), seed=0,
+                   agent=_agent(tokenizer, max_turns=4))
+    assert out["eval/pass@1"] == 0.5 and out["eval/reward_mean"] == 0.5  # one guess: right for the 7 only
+    assert out["eval/agent_reward_mean"] == 0.5 and out["eval/agent_sampled_pass@1"] == 0.5
+    assert out["eval/agent_turns_mean"] == (1 + 4) / 2  # found at once; four wrong 7s

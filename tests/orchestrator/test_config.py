@@ -462,7 +462,6 @@ def test_eval_samples_the_runs_distribution_unless_told_otherwise():
     ({"tools": ["python", "python"]}, {}, "listed twice"),
     ({"environment": "chess"}, {}, "agent.environment"),
     ({"tool_parser": "mistral", "tools": ["python"]}, {}, "'hermes'"),
-    ({"environment": "guess"}, {"eval": {"every": 2}}, "eval.every: the eval phase samples single completions"),
     ({"environment": "guess"}, {"rewards": [{"fn": "exact_match"}]}, "scores its trajectories itself"),
     ({"environment": "guess", "max_turns": 0}, {}, "agent.max_turns"),
 ])
