@@ -43,9 +43,10 @@ class AgentConfig(_Strict):
                                   "would ends the trajectory.")
     max_tokens_per_turn: int | None = Field(None, gt=0, description="Tokens one model turn may generate; null: "
                                             "rollout.max_new_tokens.")
-    max_tool_response_tokens: int = Field(128, gt=0, description="A tool's output (or an environment's reply) is "
-                                          "cut to this many tokens before the model reads it, with a note of how "
-                                          "many were cut.")
+    max_tool_response_tokens: int = Field(128, gt=0, description="What the model reads of a tool's output: its "
+                                          "first this many tokens; of an environment's reply: its first line and "
+                                          "its last tokens (errors, verdicts), this many in all; with a note of "
+                                          "how many were cut.")
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds a tool call may take before it fails as a "
                                   "timeout (the model reads the error; counted in tools/timeouts).")
     overlap: bool | None = Field(None, description="Call the engines for the trajectories whose tools have "
