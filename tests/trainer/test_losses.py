@@ -393,3 +393,34 @@ def test_clip_counts_by_hand():
     assert (low.item(), high.item()) == (1.0, 1.0)
     low, high = clip_counts(ratio.log(), old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.35)  # 1.3 within 1 + 0.35
     assert (low.item(), high.item()) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("spec", [LossSpec("kimi", kimi_tau=0.1), LossSpec("kimi_token", kimi_tau=0.1),
+                                  LossSpec("grpo", agg="token_mean"), LossSpec("grpo", agg="seq_mean_token_mean"),
+                                  LossSpec("grpo", agg="seq_mean_token_sum")],
+                         ids=lambda s: f"{s.kind}-{s.agg}")
+def test_inserted_tokens_add_nothing_to_the_loss_or_its_gradient(spec):
+    """A multi-turn trajectory's inserted tokens (a tool's output: mask 0, behaviour log-prob 0.0, whatever the
+    policy now gives them) leave the loss and every gradient as the same trajectory without them."""
+    torch.manual_seed(0)
+    sampled = torch.randn(2, 4) - 1.0
+    old = (sampled + 0.1 * torch.randn(2, 4)).detach()
+    adv = torch.tensor([1.5, -0.5])
+    inserted = torch.tensor([[-30.0, -0.01, -7.0], [-2.0, -50.0, -0.3]])  # the policy's log-probs of the inserts
+
+    def loss_and_grad(with_inserts: bool):
+        logp = sampled.clone().requires_grad_(True)
+        if with_inserts:  # two sampled turns with the inserted tokens between them
+            full = torch.cat([logp[:, :2], inserted, logp[:, 2:]], dim=1)
+            full_old = torch.cat([old[:, :2], torch.zeros(2, 3), old[:, 2:]], dim=1)
+            mask = torch.tensor([[1.0, 1, 0, 0, 0, 1, 1]] * 2)
+        else:
+            full, full_old, mask = logp, old, torch.ones(2, 4)
+        loss = policy_loss(spec, full, full_old, mask, adv, n_seqs=2, n_tokens=int(mask.sum()))
+        loss.backward()
+        return loss.detach(), logp.grad
+
+    (a, ga), (b, gb) = loss_and_grad(False), loss_and_grad(True)
+    # equal up to float32 summation order (Kimi's sums run over the zeros too)
+    assert torch.allclose(a, b, rtol=1e-6, atol=0) and torch.allclose(ga, gb, rtol=1e-6, atol=0)
+    assert ga.abs().sum() > 0
