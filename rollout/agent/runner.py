@@ -163,7 +163,7 @@ class AgentRunner:
     async def _run(self, live: list[_Live], seed: int) -> list[_Live]:
         # every trajectory's tool call or environment step may wait on I/O at once (the default pool has 6 threads)
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(min(256, len(live) + 2)))
-        waiting, replying, done = list(live), {}, []
+        waiting, replying, done, closing = list(live), {}, [], []
         engine: asyncio.Task | None = None
         batch: list[_Live] = []
         self._busy, self._busy_since = 0, 0.0
@@ -187,13 +187,14 @@ class AgentRunner:
                         waiting.append(x)
                     else:
                         done.append(x)
-                        await _close([x.episode])
+                        closing.append(asyncio.create_task(_close([x.episode])))  # its session, now
         finally:
             for task in replying:
                 task.cancel()
             if engine is not None:
                 await asyncio.gather(engine, return_exceptions=True)  # a thread in the engine's call: let it end
-            await _close([x.episode for x in live if x not in done])
+            ended = {x.index for x in done}
+            await asyncio.gather(*closing, _close([x.episode for x in live if x.index not in ended]))
         return done
 
     async def _generate(self, batch: list[_Live], seed: int) -> Samples:
