@@ -60,8 +60,8 @@ def _code(prompts, completions, answer, *, sandbox_url: str, tests=None, languag
              for i in range(len(completions))]
     todo = [i for i, spec in enumerate(specs) if spec is not None]
     out: list[float | None] = [None] * len(completions)
-    client = SandboxClient(sandbox_url, token=os.environ.get("TIDE_SANDBOX_TOKEN"))
-    scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], CODE_LIMITS)
+    with SandboxClient(sandbox_url, token=os.environ.get("TIDE_SANDBOX_TOKEN")) as client:  # its connections
+        scores = score_in_sandbox(client, [specs[i] for i in todo], [completions[i] for i in todo], CODE_LIMITS)
     for i, v in zip(todo, scores):
         out[i] = v
     return out
