@@ -479,15 +479,15 @@ class SandboxRuntime:
             if not session.ready.done():
                 session.ready.set_exception(exc)
         finally:
-            metrics.SESSIONS.dec()
-            self._session_ended(session)
             drained = seat.slot.drain(timeout_s=5.0)
-            if drained:
-                with self._lock:
+            with self._lock:  # the session counts (health, the cap) until its seat is empty again
+                self._sessions.pop(session.id, None)
+                if drained:
                     self._free_seats.append(seat)
-            else:
+            if not drained:
                 log.error("session slot %d: processes survive SIGKILL; not reused", seat.slot.index)
                 metrics.BROKEN.inc()
+            metrics.SESSIONS.dec()
             session.ended.set()
 
     def session(self, session_id: str) -> Session:
