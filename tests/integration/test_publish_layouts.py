@@ -377,3 +377,30 @@ def test_masked_tokens_are_not_trained_on(ray_cluster, rank_pool, tiny_dense_dir
     assert torch.equal(logits[0], logits[1])  # the masked tokens' old log-probs did not matter
     assert (logits[2] - logits[0]).abs().max() > 1e-4  # trained on, they do
     assert metrics[0]["tokens"] == sum(sum(m) for m in masks) < metrics[2]["tokens"]
+
+
+def test_a_grpo_mini_batch_without_signal_takes_no_step(ray_cluster, rank_pool, tiny_dense_dir):
+    """Every advantage zero (each group's samples rewarded alike): no optimizer step, so Adam's momentum from the
+    step before does not move the weights; a mini-batch with signal in the same call still steps."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    base = _sft_batch(tiny_dense_dir).sequences
+    tokens = [s.prompt_ids + s.completion_ids for s in base][:4]
+    group = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=4, loss="grpo"), pool=rank_pool)
+    try:
+        own = group.logprobs(TrainBatch(base))
+
+        def batch(reward) -> TrainBatch:
+            return TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, lp, reward=reward(i), group=i // 4)
+                               for i, (s, lp) in enumerate(zip(base, own))])
+
+        group.train_step(batch(lambda i: float(i % 3 == 0)), lr=2e-2, updates=1)  # Adam's moments now move
+        before = torch.cat([t.flatten() for t in group.logits(tokens)])
+        flat = group.train_step(batch(lambda i: 1.0), lr=2e-2, updates=2)
+        after = torch.cat([t.flatten() for t in group.logits(tokens)])
+        half = len(base) // 2  # the first mini-batch's samples alike, the second's not
+        mixed = group.train_step(batch(lambda i: 1.0 if i < half else float(i % 3 == 0)), lr=2e-2, updates=2)
+    finally:
+        group.shutdown()
+    assert torch.equal(before, after) and flat["optimizer_steps"] == 0 and flat["grad_norm"] == 0.0
+    assert mixed["optimizer_steps"] == 1 and mixed["grad_norm"] > 0

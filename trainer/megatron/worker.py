@@ -370,20 +370,29 @@ class MegatronWorker:
                     free_gap, free_counts = self._unreplayed_pass(seqs, chunk, seq_len, dist, batch.tis_cap)
                     routing_stats["behaviour_gap_unreplayed"] = free_gap / chunk_tokens
                 how = RoutingPass(replay=replay, measure=first and routed)
+                # A GRPO mini-batch with no learning signal (every advantage zero, no KL or entropy term) takes no
+                # optimizer step: its gradient is zero, and Adam would still move every weight on its momentum
+                # (measured: a tiny policy wrecked within two iterations of all-zero advantages after one
+                # rewarded sample). Kimi's losses pull towards pi_old even then: they always step. Every rank
+                # holds the whole batch's advantages: they all decide alike.
+                spec = self.loss_spec
+                signal = (mode != "rl" or spec.kind != "grpo" or bool(adv[chunk].any()) or spec.kl_coef > 0
+                          or spec.entropy_coef > 0)
                 step_stats, grad_norm, counts = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist,
-                                                                     batch.tis_cap, how)
+                                                                     batch.tis_cap, how, step=signal)
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
                     if routed:
                         routing_stats |= self._routing_metrics(counts, free_counts if replay else counts)
                 stats += step_stats
-                grad_norms.append(grad_norm)
+                if signal:
+                    grad_norms.append(grad_norm)
         tokens = float(sum(s.trained_tokens for s in seqs))
         per_token = {name: float(v) / (tokens * epochs) for name, v in zip(STATS, stats.tolist())}
         out = {"loss": float(stats[0]) / (updates * epochs), "logp_mean": per_token["logp"],
                "sq_log_ratio": per_token["sq_log_ratio"], "entropy": per_token["entropy"],
-               "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": int(tokens),
+               "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0, "tokens": int(tokens),
                "optimizer_steps": len(grad_norms), "lr": self._applied_lr(),
                # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
                # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
@@ -443,7 +452,10 @@ class MegatronWorker:
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, tis_cap: float | None,
-                        routing: RoutingPass | None = None) -> tuple[torch.Tensor, float, torch.Tensor]:
+                        routing: RoutingPass | None = None, step: bool = True
+                        ) -> tuple[torch.Tensor, float, torch.Tensor]:
+        """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step unless
+        `step` is false."""
         dp = self.ps.get_data_parallel_world_size()
         n_seqs, n_tokens = len(chunk), sum(seqs[i].trained_tokens for i in chunk)
         mbs = self._micro_batches(seqs, chunk, adv, seq_len)
@@ -485,9 +497,11 @@ class MegatronWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         out, counts = self._run(mbs, loss_fn, seq_len, forward_only=False, routing=routing)
-        ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise RuntimeError("optimizer step skipped (non-finite gradients)")
+        grad_norm = 0.0
+        if step:
+            ok, grad_norm, _ = self.optimizer.step()
+            if not ok:
+                raise RuntimeError("optimizer step skipped (non-finite gradients)")
         stats = torch.zeros(len(STATS))
         for d in out:
             stats += d["stats"].cpu()
