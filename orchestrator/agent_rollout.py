@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config import ConfigError
+from orchestrator.prompts import with_system_prompt
 from orchestrator.rewards import RewardPhase
 from rollout.agent import (AgentLimits, AgentRunner, CodeFeedback, EnvEpisode, Episode, GuessingGame, PythonSession,
                            Tool, ToolBox, ToolCall, ToolEpisode, agent_metrics, demonstration, get_parser,
@@ -98,11 +99,9 @@ class Agent:
     def demonstrations(self, conversations: list[list[dict[str, str]]], end_of_turn: list[int]) -> list[TrainSequence]:
         """Written conversations (the first message the prompt) as warm-start sequences laid out as rollouts lay
         out trajectories: the model's turns trained on, the rest masked."""
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         out = []
         for messages in conversations:
-            messages = [self._as_written(m) for m in messages]
-            messages = system + messages if system and messages[0]["role"] != "system" else messages
+            messages = with_system_prompt([self._as_written(m) for m in messages], self.system_prompt)
             prompt = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
             t = demonstration(self.tokenizer, messages, prompt, end_of_turn or [self.tokenizer.eos_token_id],
                               self.schemas)
@@ -118,12 +117,10 @@ class Agent:
         return {"role": "assistant", "content": (message.get("content") or "") + self.parser.format(calls)}
 
     def _episode(self, problem: Problem, counts: Counter) -> Episode:
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         if self.cfg.environment is not None:
-            return _SystemFirst(EnvEpisode(self._environment(), env_columns(problem)), system)
-        messages = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
-        if system and messages[0]["role"] != "system":
-            messages = system + messages
+            return _SystemFirst(EnvEpisode(self._environment(), env_columns(problem)), self.system_prompt)
+        messages = with_system_prompt(problem.messages or [{"role": "user", "content": problem.prompt}],
+                                      self.system_prompt)
         resources, tools = [], list(self.user_tools)
         if "python" in self.cfg.tools:
             py = PythonSession(self.client, {"memory_mb": self.cfg.python.memory_mb}, self.cfg.python.session_ttl_s,
@@ -144,12 +141,11 @@ class Agent:
 class _SystemFirst:
     """An environment's episode with `model.system_prompt` put before the messages it starts from."""
 
-    def __init__(self, episode: EnvEpisode, system: list[dict[str, str]]) -> None:
-        self.episode, self.system = episode, system
+    def __init__(self, episode: EnvEpisode, system_prompt: str | None) -> None:
+        self.episode, self.system_prompt = episode, system_prompt
 
     def start(self) -> list[dict[str, Any]]:
-        messages = self.episode.start()
-        return self.system + messages if self.system and messages[0]["role"] != "system" else messages
+        return with_system_prompt(self.episode.start(), self.system_prompt)
 
     async def respond(self, assistant_text: str):
         return await self.episode.respond(assistant_text)

@@ -54,9 +54,7 @@ def evaluate(rollout: "RolloutGroup", task: Task, problems: list[Problem], cfg: 
     greedy = rollout.generate(problems, 1, tokens, TokenDistribution(temperature=0.0), seed)
     sampled = rollout.generate(problems, cfg.n_samples, tokens, cfg.sampling(run), seed)
     greedy_rewards, sampled_rewards = _rewards(task, problems, greedy), _rewards(task, problems, sampled)
-    solved = [0] * len(problems)
-    for s, r in zip(sampled, sampled_rewards):
-        solved[s.prompt_index] += r >= SOLVED
+    solved = _solved(sampled, sampled_rewards, len(problems))
     n = cfg.n_samples
     out = {"eval/pass@1": sum(r >= SOLVED for r in greedy_rewards) / len(problems),
            "eval/sampled_pass@1": sum(pass_at_k(n, c, 1) for c in solved) / len(problems),
@@ -75,12 +73,18 @@ def _agent_eval(agent: "Agent", rollout: "RolloutGroup", task: Task, problems: l
     done = agent.rollout(engine_turns(rollout, cfg.sampling(run)), problems, cfg.n_samples, seed, version=-1)
     rewards = ([s.reward for s in done.samples] if agent.scores_itself
                else _rewards(task, problems, done.samples))
-    solved = [0] * len(problems)
-    for s, r in zip(done.samples, rewards):
-        solved[s.prompt_index] += r >= SOLVED
+    solved = _solved(done.samples, rewards, len(problems))
     return {"eval/agent_reward_mean": sum(rewards) / len(rewards),
             "eval/agent_sampled_pass@1": sum(pass_at_k(cfg.n_samples, c, 1) for c in solved) / len(problems),
             "eval/agent_turns_mean": done.metrics["turns/mean"]}
+
+
+def _solved(samples: Samples, rewards: list[float], n_problems: int) -> list[int]:
+    """Per problem, how many of its samples solved it."""
+    solved = [0] * n_problems
+    for s, r in zip(samples, rewards, strict=True):
+        solved[s.prompt_index] += r >= SOLVED
+    return solved
 
 
 def _rewards(task: Task, problems: list[Problem], samples: Samples) -> list[float]:

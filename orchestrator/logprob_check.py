@@ -23,6 +23,8 @@ from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
 
 PROBE_STREAM = 10**9  # offset of the probe problems' seed from the run's (never drawn by training)
+# what each probe metric measured, as a failed check names it
+PROBE_BATCHES = {"probe_gap": "the probe batch", "probe_gap_agent": "the probe's multi-turn trajectories"}
 
 
 class LogprobGapError(RuntimeError):

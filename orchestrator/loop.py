@@ -9,7 +9,8 @@ from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
-from orchestrator.logprob_check import agent_logprob_gap, check_logprob_gap, logprob_gap, probe_due
+from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, check_logprob_gap, logprob_gap,
+                                        probe_due)
 from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
@@ -114,8 +115,7 @@ def run_iterations(s: Session) -> None:
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")
             for name, gap in probe.items():
-                check_logprob_gap(it, gap, gap_bound, f"the {name.removeprefix('probe_gap').strip('_') or 'probe'} "
-                                  f"batch", bound_origin)
+                check_logprob_gap(it, gap, gap_bound, PROBE_BATCHES[name], bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")

@@ -41,6 +41,14 @@ class RenderCounts:
         return {"prompts_truncated": self.truncated, "prompts_skipped": self.skipped}
 
 
+def with_system_prompt(messages, system_prompt: str | None) -> list[dict]:
+    """`messages` with `model.system_prompt` put first, where they bring no system message of their own."""
+    messages = list(messages)
+    if system_prompt and (not messages or messages[0]["role"] != "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
 class PromptRenderer:
     def __init__(self, tokenizer, chat_template: str = "auto", system_prompt: str | None = None,
                  max_prompt_tokens: int | None = None, overlong: Overlong = "skip") -> None:
@@ -55,9 +63,7 @@ class PromptRenderer:
     def text(self, problem: Problem) -> str:
         if not problem.messages:
             return problem.prompt
-        messages = list(problem.messages)
-        if self.system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        messages = with_system_prompt(problem.messages, self.system_prompt)
         if self.mode == "none":
             return "\n".join(m["content"] for m in messages)
         if not self.template:

@@ -111,6 +111,7 @@ class _Live:
     episode: Episode
     messages: list[dict[str, Any]]
     traj: Trajectory
+    prompt_messages: int = 0  # how many of `messages` the episode started from
     reward: float | None = None
     solved: bool = False
     finish: str = ""
@@ -150,11 +151,11 @@ class AgentRunner:
         `groups[i]`: the prompt episode i answers (its Sample.prompt_index; default i). An episode's resources
         (its python session) are closed as soon as its trajectory ends."""
         self.timings.clear()
-        live, self._prompt_messages = [], []
+        live = []
         for i, ep in enumerate(episodes):
             messages = ep.start()
-            self._prompt_messages.append(len(messages))
-            live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True))))
+            live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True)),
+                              len(messages)))
         done = asyncio.run(self._run(live, seed))
         done.sort(key=lambda x: x.index)
         self.outcomes = [(x.traj.turns, x.solved) for x in done]
@@ -269,7 +270,7 @@ class AgentRunner:
 
     def _sample(self, x: _Live, task_ids: Sequence[str] | None, groups: Sequence[int] | None) -> Sample:
         t = x.traj
-        after_prompt = x.messages[self._prompt_messages[x.index]:]
+        after_prompt = x.messages[x.prompt_messages:]
         last = next((m["content"] for m in reversed(after_prompt) if m["role"] == "assistant"), "")
         return Sample(prompt_index=groups[x.index] if groups else x.index,
                       task_id=task_ids[x.index] if task_ids else str(x.index),
