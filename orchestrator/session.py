@@ -143,6 +143,13 @@ class Session:
         """What the engines sample from and the trainer recomputes."""
         return behaviour_distribution(self.cfg.rollout)
 
+    def _warm_start_progress(self, step: int, loss: float) -> None:
+        """status.json counts the warm start's steps; the console hears of every tenth of them."""
+        total = self.cfg.trainer.warmup_sft_steps
+        self.run.set_status(warmup_step=step, warmup_steps=total)
+        if step % max(total // 10, 1) == 0 and step < total:
+            console.log(f"supervised warm start: step {step}/{total}, loss {loss:.3f}")
+
     def _start_engines(self, model_dir: str, resume: bool, startup: "_StartupClock",
                        launch: Callable[[list[str]], RolloutGroup]) -> None:
         """Restore or warm-start the trainer, then bring the engines onto exactly its current weights: the
@@ -157,7 +164,8 @@ class Session:
             run.truncate_after(-1)
             if cfg.trainer.warmup_sft_steps:
                 with run.phase(0, "warmup"):
-                    losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed, self.agent)
+                    losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed, self.agent,
+                                        on_step=self._warm_start_progress)
                 console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         moved = restored is not None or cfg.trainer.warmup_sft_steps > 0
         if self.rollout is None:

@@ -3,6 +3,8 @@ the task's reference answers, so that RL starts from a policy that sometimes suc
 token ids the engines will see; each completion ends as the policy should end it (orchestrator/prompts.py)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from orchestrator.config import ConfigError
 from orchestrator.prompts import RenderedTask
 from orchestrator.trainer_group import TrainerGroup
@@ -10,8 +12,9 @@ from trainer.batch import TrainBatch, TrainSequence
 from trainer.config import TrainerConfig
 
 
-def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None) -> list[float]:
-    """Returns the loss of every step. With an `agent` (orchestrator/agent_rollout.py) and a task that writes
+def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None,
+               on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Returns the loss of every step; `on_step(step, loss)` hears of each as it ends (1-based). With an `agent` (orchestrator/agent_rollout.py) and a task that writes
     multi-turn demonstrations (`sft_conversations`), those are trained on, laid out as the agent's rollouts lay
     out trajectories, the model's turns only."""
     n = cfg.warmup_sft_batch
@@ -27,6 +30,8 @@ def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, se
     for k in range(cfg.warmup_sft_steps):
         chunk = sequences[k * n:(k + 1) * n] or sequences[:n]  # prompts skipped as overlong: steps reuse the first
         losses.append(trainer.train_step(TrainBatch(chunk), mode="sft", lr=cfg.warmup_sft_lr)["loss"])
+        if on_step is not None:
+            on_step(k + 1, losses[-1])
     if cfg.warmup_sft_reset_optimizer:
         trainer.reset_optimizer()
     trainer.snapshot_reference()  # trainer.kl's reference is the policy RL starts from

@@ -46,7 +46,13 @@ def test_quickstart_job_learns(tmp_path, address, config):
     last = sum(m["reward_mean"] for m in metrics[-2:]) / 2
     print(f"{config}: reward {first:.3f} -> {last:.3f}, max gap {max(m['logprob_gap'] for m in metrics):.2e}")
     assert last >= first + MARGIN
-    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "finished"
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "finished"
+    # the warm start showed its progress: every tenth step on the console, each one in status.json
+    steps = cfg["trainer"]["warmup_sft_steps"]
+    assert status["warmup_step"] == status["warmup_steps"] == steps
+    shown = [s for s in range(steps // 10, steps, steps // 10) if f"warm start: step {s}/{steps}" in proc.stderr]
+    assert len(shown) == 9, proc.stderr[-3000:]
     _reports_what_trl_and_verl_users_read(tmp_path / "run", metrics, cfg)
 
 
