@@ -22,8 +22,11 @@ def _guess_config(tmp: Path, address: str) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "guess.yaml").read_text())
     cfg.update(iterations=3, save_every=2, keep_checkpoints=3, ray={"address": address},
                eval={"every": 3, "prompts": 4, "n_samples": 2})
+    # the loop, not the learning: a smaller model and shorter games than the shipped config's, a warm start
     # enough to end turns on their own (EOS) and so play several
-    cfg["trainer"].update(warmup_sft_steps=12, warmup_sft_batch=32, warmup_sft_lr=1e-2)
+    cfg["model"]["tiny"].update(hidden_size=64, num_layers=2, intermediate_size=128, max_position_embeddings=320)
+    cfg["agent"].update(max_turns=6, max_total_tokens=256)
+    cfg["trainer"].update(warmup_sft_steps=12, warmup_sft_batch=32, warmup_sft_lr=1e-2, lr=1e-3)
     cfg["rollout"].update(prompts_per_iteration=8, n_samples=4, probe_every=3)
     cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-agent-{os.getpid()}"
     path = tmp / "guess.yaml"
