@@ -14,9 +14,9 @@ from trainer.config import TrainerConfig
 
 def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None,
                on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Returns the loss of every step; `on_step(step, loss)` hears of each as it ends (1-based). With an `agent` (orchestrator/agent_rollout.py) and a task that writes
-    multi-turn demonstrations (`sft_conversations`), those are trained on, laid out as the agent's rollouts lay
-    out trajectories, the model's turns only."""
+    """Returns the loss of every step; `on_step(step, loss)` hears of each as it ends (1-based). With an `agent`
+    (orchestrator/agent_rollout.py) and a task that writes multi-turn demonstrations (`sft_conversations`), those
+    are trained on, laid out as the agent's rollouts lay out trajectories, the model's turns only."""
     n = cfg.warmup_sft_batch
     if agent is not None and hasattr(task.task, "sft_conversations"):
         sequences = agent.demonstrations(task.task.sft_conversations(seed, cfg.warmup_sft_steps * n),

@@ -454,8 +454,8 @@ class MegatronWorker:
                         mode: str, dist: TokenDistribution, tis_cap: float | None,
                         routing: RoutingPass | None = None, step: bool = True
                         ) -> tuple[torch.Tensor, float, torch.Tensor]:
-        """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step unless
-        `step` is false."""
+        """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step; with
+        `step` false, the forward only (its statistics; a gradient nobody applies is not computed)."""
         dp = self.ps.get_data_parallel_world_size()
         n_seqs, n_tokens = len(chunk), sum(seqs[i].trained_tokens for i in chunk)
         mbs = self._micro_batches(seqs, chunk, adv, seq_len)
@@ -496,7 +496,7 @@ class MegatronWorker:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out, counts = self._run(mbs, loss_fn, seq_len, forward_only=False, routing=routing)
+        out, counts = self._run(mbs, loss_fn, seq_len, forward_only=not step, routing=routing)
         grad_norm = 0.0
         if step:
             ok, grad_norm, _ = self.optimizer.step()
