@@ -22,15 +22,19 @@ from trainer.lr_schedule import lr_at
 
 # What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref(_mean) with trainer.kl only,
 # the clip fractions with loss grpo only, the routing figures for mixture-of-experts models whose samples carry
-# the rollout's routing (logprob_gap_unreplayed with trainer.moe.routing_replay only)
+# the rollout's routing (with trainer.moe.routing_replay, over the whole batch, with logprob_gap_replayed and
+# logprob_gap_unreplayed)
 TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "logp_mean", "entropy",
                  "clip_fraction_low", "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch",
-                 "routing_mismatch_trained", "routed_tokens")
+                 "routing_mismatch_trained", "routed_tokens", "replay_sequences_affected", "replay_sequences_closer",
+                 "replay_sequences_farther")
 
 
-def unreplayed_gap(train: dict) -> dict[str, float]:
-    """With routing replay, the log-prob gap of the same first mini-batch routed by the trainer's own routers."""
-    return {"logprob_gap_unreplayed": train["behaviour_gap_unreplayed"]} if "behaviour_gap_unreplayed" in train else {}
+def replay_gaps(train: dict) -> dict[str, float]:
+    """With routing replay, the whole batch's log-prob gap before any update, routed as the rollout routed it
+    and as the trainer's own routers would."""
+    return {f"logprob_gap_{how}": train[f"behaviour_gap_{how}"] for how in ("replayed", "unreplayed")
+            if f"behaviour_gap_{how}" in train}
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
@@ -109,7 +113,7 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
-                             "logprob_gap": train["behaviour_gap"], **unreplayed_gap(train), **probe, "samples": len(samples),
+                             "logprob_gap": train["behaviour_gap"], **replay_gaps(train), **probe, "samples": len(samples),
                              **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int, model: Path | None) -> list[dict]:
+def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int, model: Path | None,
+            micro_batch: int = 64) -> list[dict]:
     import ray
 
     from orchestrator.trainer_group import RankPool, TrainerGroup
@@ -43,7 +44,7 @@ def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int,
         model = build_tiny_model(Path(tempfile.mkdtemp(prefix="tide-replay-")) / "model", task.corpus(), spec)
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tide_replay_measure")
     pool = RankPool()
-    trainer = TrainerConfig(loss="grpo", micro_batch_size=64, moe=MoEConfig(routing_replay="rollout"))
+    trainer = TrainerConfig(loss="grpo", micro_batch_size=micro_batch, moe=MoEConfig(routing_replay="rollout"))
     group = TrainerGroup(TrainerSpec(hf_dir=str(model), trainer=trainer, dtype=dtype), pool=pool)
     engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(model), EngineConfig(kv_cache_gb=0.25,
                                                           enforce_eager=True), dtype=dtype, deterministic=True)
@@ -60,9 +61,11 @@ def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int,
                                    for k, s in enumerate(samples)], TokenDistribution())
 
             replayed, free = group.logprobs(batch(True)), group.logprobs(batch(False))
-            counts = group.train_step(batch(True), lr=0.0)  # the routing metrics of the first mini-batch
-            row = {"batch": seed, "sequences": len(samples), "routing_mismatch": counts["routing_mismatch"],
-                   "routing_mismatch_trained": counts["routing_mismatch_trained"], "affected": 0,
+            step = group.train_step(batch(True), lr=0.0)  # the train step's own replay figures, whole batch
+            row = {"batch": seed, "sequences": len(samples), "routing_mismatch": step["routing_mismatch"],
+                   "routing_mismatch_trained": step["routing_mismatch_trained"],
+                   "train_step_gap_replayed": step["behaviour_gap_replayed"],
+                   "train_step_gap_unreplayed": step["behaviour_gap_unreplayed"], "affected": 0,
                    "affected_better": 0, "affected_worse": 0, "affected_gap_replay": 0.0, "affected_gap_free": 0.0}
             gaps_r, gaps_f = [], []
             for s, r, f in zip(samples, replayed, free):
@@ -99,9 +102,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n-samples", type=int, default=8)
+    ap.add_argument("--micro-batch", type=int, default=64, help="the trainer's micro_batch_size")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_results" / "routing_replay.json")
     args = ap.parse_args()
-    rows = measure(args.family, args.dtype, args.batches, args.prompts, args.n_samples, args.model)
+    rows = measure(args.family, args.dtype, args.batches, args.prompts, args.n_samples, args.model,
+                   args.micro_batch)
     summary = {key: sum(r[key] for r in rows) for key in ("sequences", "affected", "affected_better",
                                                           "affected_worse")}
     summary |= {"batches_gap_replay_smaller": sum(r["gap_replay"] < r["gap_free"] for r in rows),

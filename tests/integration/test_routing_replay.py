@@ -95,16 +95,61 @@ def test_replay_uses_exactly_the_given_experts(rollout, ranks):
 
 
 def test_metrics_and_gap_under_replay(rollout, ranks):
-    # Before any update (the trainer's weights are the engine's): replaying the rollout's routing
-    out = ranks.train_step(_batch(rollout), lr=1e-9)
+    # Before any update (the trainer's weights are the engine's): replaying the rollout's routing. Two
+    # mini-batches: the replay figures cover the whole batch all the same, before the first update.
+    out = ranks.train_step(_batch(rollout), lr=1e-9, updates=2)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in rollout)
     assert out["routed_tokens"] == tokens * LAYERS
     assert out["routing_mismatch_trained"] == 0.0
     assert 0.0 < out["routing_mismatch"] < 0.2  # bf16 routers disagree with vLLM's on a few tokens
-    assert out["behaviour_gap"] < out["behaviour_gap_unreplayed"]
+    assert out["behaviour_gap_replayed"] < out["behaviour_gap_unreplayed"]
+    assert 0 < out["replay_sequences_affected"] < len(rollout)
+    assert out["replay_sequences_closer"] > out["replay_sequences_farther"]
+    assert out["replay_sequences_closer"] + out["replay_sequences_farther"] <= out["replay_sequences_affected"]
+    # the gap check's own figure (the first mini-batch, from the loss's forward) is the replayed pass's
+    whole = ranks.train_step(_batch(rollout), lr=1e-9)
+    assert whole["behaviour_gap"] == pytest.approx(whole["behaviour_gap_replayed"], rel=1e-6)
     # a routing no router chose: nearly every token's expert set differs from the trainer's own, and the
     # replayed forward used it all the same
     renamed = ranks.train_step(_batch(rollout, shift=1), lr=1e-9)
     assert renamed["routing_mismatch"] > 0.95
     assert renamed["routing_mismatch_trained"] == 0.0
     assert renamed["behaviour_gap"] > 10 * out["behaviour_gap"]
+    assert renamed["replay_sequences_affected"] == renamed["replay_sequences_farther"] == len(rollout)
+
+
+def test_a_run_with_replay_reports_both_gaps_every_iteration(tmp_path, address):
+    """configs/models/qwen3_moe.yaml in bf16 with replay, run as a user runs it: every iteration's metrics carry
+    the whole batch's gap with and without replay, and a batch whose passes agree on every sequence has equal
+    gaps (the two passes differ only where routing does)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = yaml.safe_load((root / "configs" / "models" / "qwen3_moe.yaml").read_text())
+    cfg |= {"iterations": 3, "save_every": 3, "ray": {"address": address}}
+    cfg["model"]["dtype"] = "bfloat16"
+    cfg["trainer"]["moe"] = {"routing_replay": "rollout"}
+    cfg["rollout"] |= {"max_logprob_gap": None, "enforce_eager": True, "engine_process": "inline"}
+    cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-replay-{os.getpid()}"
+    path = tmp_path / "replay.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 3
+    for m in metrics:
+        assert m["routing_mismatch_trained"] == 0.0
+        assert m["routed_tokens"] > 0 and 0 < m["logprob_gap_replayed"] < 0.05
+        affected = m["replay_sequences_affected"]
+        assert m["replay_sequences_closer"] + m["replay_sequences_farther"] <= affected <= m["samples"]
+        if affected == 0:
+            assert m["logprob_gap_replayed"] == m["logprob_gap_unreplayed"] and m["routing_mismatch"] == 0
+        else:
+            assert m["logprob_gap_replayed"] != m["logprob_gap_unreplayed"] and m["routing_mismatch"] > 0

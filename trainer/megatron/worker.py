@@ -358,7 +358,10 @@ class MegatronWorker:
             raise ValueError("trainer.moe.routing_replay is rollout but no sequence carries the rollout's routing "
                              "(rollout.record_routing, with engine_process inline and tp 1)")
         replay = mode == "rl" and self.routing_replay
-        routing_stats: dict[str, float] = {}
+        # With replay, what it does is measured on the whole batch before any update: the gap to the rollout with
+        # the rollout's routing and with the trainer's own (two forward passes; a mini-batch holds too few
+        # sequences routed apart for the comparison to rise above bf16 rounding)
+        routing_stats = self._replay_comparison(seqs, seq_len, dist, batch.tis_cap) if routed and replay else {}
         for epoch in range(epochs):  # each pass over the batch in a new seeded order
             order = list(range(len(seqs))) if shuffle is None else \
                 torch.randperm(len(seqs), generator=shuffle).tolist()
@@ -366,10 +369,7 @@ class MegatronWorker:
                 chunk = order[lo:hi]
                 first = epoch == 0 and k == 0
                 chunk_tokens = max(sum(seqs[i].trained_tokens for i in chunk), 1)
-                if first and routed and replay:
-                    free_gap, free_counts = self._unreplayed_pass(seqs, chunk, seq_len, dist, batch.tis_cap)
-                    routing_stats["behaviour_gap_unreplayed"] = free_gap / chunk_tokens
-                how = RoutingPass(replay=replay, measure=first and routed)
+                how = RoutingPass(replay=replay, measure=first and routed and not replay)
                 # A GRPO mini-batch with no learning signal (every advantage zero, no KL or entropy term) takes no
                 # optimizer step: its gradient is zero, and Adam would still move every weight on its momentum
                 # (measured: a tiny policy wrecked within two iterations of all-zero advantages after one
@@ -383,8 +383,8 @@ class MegatronWorker:
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
-                    if routed:
-                        routing_stats |= self._routing_metrics(counts, free_counts if replay else counts)
+                    if routed and not replay:
+                        routing_stats = self._routing_metrics(counts, counts)
                 stats += step_stats
                 if signal:
                     grad_norms.append(grad_norm)
@@ -414,26 +414,45 @@ class MegatronWorker:
             raise RuntimeError(f"the optimizer's parameter groups disagree on the learning rate: {sorted(rates)}")
         return float(rates.pop())
 
-    def _unreplayed_pass(self, seqs: list[TrainSequence], chunk: list[int], seq_len: int, dist: TokenDistribution,
-                         tis_cap: float | None) -> tuple[float, torch.Tensor]:
-        """With routing replay: a forward of the first mini-batch without it, before its update, for what replay
-        is compared with: the summed |trainer - rollout| log-prob gap (over data-parallel ranks) and this rank's
-        routing counts when the trainer's routers choose freely."""
+    def _replay_comparison(self, seqs: list[TrainSequence], seq_len: int, dist: TokenDistribution,
+                           tis_cap: float | None) -> dict[str, float]:
+        """With routing replay, before any update: the mean |trainer - rollout| log-prob over the whole batch
+        with the rollout's routing (`behaviour_gap_replayed`) and with the trainer's own routers' choice
+        (`behaviour_gap_unreplayed`); the sequences the two passes score differently (`replay_sequences_affected`:
+        some token routed apart) and of those, how many replay brings closer to the rollout or farther; the
+        routing metrics of the whole batch."""
+        every = list(range(len(seqs)))
+        replayed, replayed_counts = self._gap_pass(seqs, every, seq_len, dist, tis_cap, replay=True)
+        free, free_counts = self._gap_pass(seqs, every, seq_len, dist, tis_cap, replay=False)
+        sums = torch.stack([replayed.sum(), free.sum(), (replayed != free).sum(), (replayed < free).sum(),
+                            (replayed > free).sum()]).double()
+        sums = self._sum_over_dp_on_last_stage(sums)
+        tokens = max(sum(s.trained_tokens for s in seqs), 1)
+        return {"behaviour_gap_replayed": float(sums[0]) / tokens, "behaviour_gap_unreplayed": float(sums[1]) / tokens,
+                "replay_sequences_affected": int(sums[2]), "replay_sequences_closer": int(sums[3]),
+                "replay_sequences_farther": int(sums[4]), **self._routing_metrics(replayed_counts, free_counts)}
+
+    def _gap_pass(self, seqs: list[TrainSequence], chunk: list[int], seq_len: int, dist: TokenDistribution,
+                  tis_cap: float | None, replay: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A forward of the sequences `chunk` with or without routing replay: each of this rank's sequences'
+        summed |trainer - rollout| log-prob (empty off the last pipeline stage) and this rank's routing counts."""
         mbs = self._micro_batches(seqs, chunk, None, seq_len)
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
-            return output.new_zeros(()), {"gap": _behaviour_gap(logp, mb, tis_cap).cpu()}
+            behaviour = (mb["old"] if tis_cap is None else mb["rollout"]).to(logp.device)
+            per_sequence = ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum(-1)
+            return output.new_zeros(()), {"gap": per_sequence.cpu()}
 
         from trainer.megatron.routing_replay import RoutingPass
 
         with torch.no_grad():
-            out, counts = self._run(mbs, loss_fn, seq_len, forward_only=True, routing=RoutingPass(measure=True))
-        gap = self._sum_over_dp_on_last_stage(torch.stack([d["gap"] for d in out]).sum() if out else torch.zeros(()))
-        return float(gap), counts
+            out, counts = self._run(mbs, loss_fn, seq_len, forward_only=True,
+                                    routing=RoutingPass(replay=replay, measure=True))
+        return (torch.cat([d["gap"] for d in out]) if out else torch.zeros(0)), counts
 
     def _routing_metrics(self, trained: torch.Tensor, free: torch.Tensor) -> dict[str, float]:
-        """Routing counts of the first mini-batch, summed over all ranks (each tensor-parallel group counted
+        """Routing counts of one pass, summed over all ranks (each tensor-parallel group counted
         once): `routing_mismatch`, the share of (token, MoE layer) routings whose expert set the trainer's own
         router chooses otherwise than the rollout did, and `routing_mismatch_trained`, the share the loss's
         forward routed otherwise (0 with routing replay)."""
