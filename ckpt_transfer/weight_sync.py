@@ -71,6 +71,15 @@ class WeightSync(ABC):
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        _remove_if_empty(Path(self.cfg.shm_root))
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """The publish root (`publish.shm_root`), once no run keeps anything there: a run leaves nothing in /dev/shm."""
+    try:
+        directory.rmdir()
+    except OSError:  # another run's files, or gone already
+        pass
 
 
 class SharedMemorySync(WeightSync):
@@ -155,6 +164,8 @@ class MooncakeSync(WeightSync):
         super().close()
         for k in range(self.engines):
             shutil.rmtree(self._rollout_root(k) / self.run, ignore_errors=True)
+            _remove_if_empty(self._rollout_root(k))
+        _remove_if_empty(Path(self.transfer.rollout_shm_root))
 
 
 @dataclass

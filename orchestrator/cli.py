@@ -1,5 +1,6 @@
-"""`tide run CONFIG [key.path=value ...]`, `tide resume RUN_DIR`, `tide inspect RUN_DIR`, `tide export RUN_DIR
-OUT`, `tide config show CONFIG [key.path=value ...]`, `tide config reference`, `tide --version`."""
+"""`tide run CONFIG [key.path=value ...]`, `tide resume RUN_DIR` (either with --max-restarts N), `tide inspect
+RUN_DIR`, `tide export RUN_DIR OUT`, `tide config show CONFIG [key.path=value ...]`, `tide config reference`,
+`tide --version`."""
 from __future__ import annotations
 
 import shutil
@@ -89,26 +90,44 @@ def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
         run.close()
 
 
+MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="restart the run from its newest checkpoint after "
+                            "up to N faults (a trainer rank, an engine that cannot be replaced or the Ray head "
+                            "dying: exit 1 or a signal); config and data errors are never retried")
+RESTART_BACKOFF = typer.Option(10.0, "--restart-backoff", min=0, help="seconds before the first restart, doubling "
+                               "with each further one")
+
+
+def _supervised(run_dir: Path, argv: list[str], max_restarts: int, backoff_s: float) -> None:
+    from orchestrator.supervisor import Supervisor
+
+    raise typer.Exit(Supervisor(run_dir, max_restarts, backoff_s).run(argv))
+
+
 @app.command()
 def run(config: Path = typer.Argument(..., help="YAML config"),
         overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name> (relative to the "
-                                               "working directory)")) -> None:
+                                               "working directory)"),
+        max_restarts: int = MAX_RESTARTS, restart_backoff: float = RESTART_BACKOFF) -> None:
     """Start a run from a YAML config. Relative paths in it resolve against its directory; RUN_DIR/config.yaml
     records the resolved config, overrides included."""
     cfg = _load(config, overrides)
     path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
-    run = RunDir(path)
-    if run.latest_checkpoint() is not None:
+    if (path / "checkpoints").is_dir() and RunDir(path).latest_checkpoint() is not None:
         _fail(f"{path} already holds a run with checkpoints: `tide resume {path}` continues it, "
               f"or choose another --run-dir", 2)
+    if max_restarts:
+        _supervised(path, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
+                    restart_backoff)
+    run = RunDir(path)
     _guarded(lambda: _execute(cfg, run, resume=False))
 
 
 @app.command()
 def resume(run_dir: Path = typer.Argument(..., help="a run directory written by `tide run`"),
            iterations: Optional[int] = typer.Option(None, "--iterations", help="extend (or shorten) the run to N "
-                                                    "iterations; the resolved config records the new length")) -> None:
+                                                    "iterations; the resolved config records the new length"),
+           max_restarts: int = MAX_RESTARTS, restart_backoff: float = RESTART_BACKOFF) -> None:
     """Continue a killed or finished run from its newest complete checkpoint.
 
     With --iterations N a finished run goes on to iteration N, exactly as a run started with N iterations
@@ -127,6 +146,9 @@ def resume(run_dir: Path = typer.Argument(..., help="a run directory written by 
         cfg = load_config(run_dir / "config.yaml", overrides)
     except ConfigError as e:
         _fail(str(e), 2)
+    if max_restarts:
+        _supervised(run_dir, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
+                    max_restarts, restart_backoff)
     _guarded(lambda: _execute(cfg, RunDir(run_dir), resume=True))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import RunDir, read_jsonl
 
 PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "reward",
                "old_logprobs", "reference", "train", "publish", "sync", "eval", "checkpoint"]
@@ -38,9 +38,13 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
     status = run.status()
     if status:
         where = f"iteration {status.get('iteration')}, phase {status.get('phase')}"
-        line = {"finished": "finished", "running": f"running ({where})"}.get(
+        line = {"finished": "finished", "running": f"running ({where})",
+                "restarting": f"restarting (restart {status.get('restarts')} after: {status.get('error')})"}.get(
             status.get("state"), f"failed at {where}: {status.get('error')}")
         console.print(f"status: {line}")
+        for r in read_jsonl(run.restarts_file):
+            console.print(f"restart {r['restart']}: from iteration {r['from_iteration']} after exit {r['exit_code']}: "
+                          f"{r['error']}")
     metrics = run.metrics()
     if metrics:
         last = metrics[-1]

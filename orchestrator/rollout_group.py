@@ -1,8 +1,8 @@
 """The rollout engines as Ray actors: prompts are split across engines, every engine syncs every iteration.
 
-An engine whose actor dies (an inline engine dies with its actor) is replaced by a new actor on the latest
-iteration that engine had loaded, and the call it was serving runs again there; at most
-`max_engine_restarts` times per call and engine."""
+An engine whose actor dies (an inline engine dies with its actor), or that does not answer a call within
+`engine_call_timeout_s` (hung, or stopped), is replaced by a new actor on the latest iteration that engine had
+loaded, and the call it was serving runs again there; at most `max_engine_restarts` times per call and engine."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from ckpt_transfer.manifest import Manifest
 from rollout.config import EngineConfig
@@ -99,31 +99,37 @@ class RolloutGroup:
                                       sampling.top_p, sampling.top_k, self.stop, self.stop_token_ids)
 
     def _on_engines(self, calls: dict[int, Callable[[Any], ray.ObjectRef]]) -> dict[int, Any]:
-        """Run calls[i] on engine i, all at once, and gather the results. An engine whose actor died is
-        replaced (on the iteration it had loaded) and its call made again."""
+        """Run calls[i] on engine i, all at once, and gather the results. An engine whose actor died or that
+        did not answer in time is replaced (on the iteration it had loaded) and its call made again."""
         pending = {i: call(self.engines[i]) for i, call in calls.items()}
         replaced = dict.fromkeys(calls, 0)
         results: dict[int, Any] = {}
         while pending:
             i, ref = next(iter(pending.items()))
+            # a replaced engine's call waits for its start as well
+            timeout = self.cfg.engine_call_timeout_s + (self.timeout if replaced[i] else 0.0)
             try:
-                results[i] = ray.get(ref, timeout=self.timeout)
+                results[i] = ray.get(ref, timeout=timeout)
                 del pending[i]
-            except RayActorError as e:
+            except (RayActorError, GetTimeoutError) as e:
+                what = "died" if isinstance(e, RayActorError) else \
+                    f"did not answer within engine_call_timeout_s={self.cfg.engine_call_timeout_s:g} s"
                 if replaced[i] >= self.cfg.max_engine_restarts:
-                    raise RuntimeError(f"rollout engine {i} died {replaced[i] + 1} times during one call "
+                    raise RuntimeError(f"rollout engine {i} {what}, {replaced[i] + 1} times during one call "
                                        f"(max_engine_restarts={self.cfg.max_engine_restarts}): {e}") from e
                 replaced[i] += 1
-                self._replace(i, e)
+                self._replace(i, what)
                 pending[i] = calls[i](self.engines[i])
         return results
 
-    def _replace(self, i: int, why: BaseException) -> None:
+    def _replace(self, i: int, what: str) -> None:
+        """A new engine i on what the old one had loaded (launched: the call made on it next waits for its
+        start too)."""
         loaded = self._loaded[i]
-        log.warning("rollout engine %d died (%s); starting a new one on %s", i, type(why).__name__,
+        log.warning("rollout engine %d %s; starting a new one on %s", i, what,
                     f"iteration {loaded.iteration}" if loaded else self._model_dirs[i])
         try:
-            ray.kill(self.engines[i])
+            ray.kill(self.engines[i])  # a hung or stopped engine too: Ray ends its process with SIGKILL
         except Exception:
             pass
         self.engines[i] = self._launch(i)

@@ -6,7 +6,9 @@ Layout:
     RUN_DIR/metrics.jsonl      one record per iteration: iteration, reward_mean, logprob_gap, ...
     RUN_DIR/samples.jsonl      a few completions per iteration (prompt, completion, reward, length, finish reason)
     RUN_DIR/status.json        live state (iteration, phase, pids), then how the run ended: state finished or
-                               failed (with the error)
+                               failed (with the error); `restarting` (with the count) between a fault and the
+                               restart of a run under --max-restarts
+    RUN_DIR/restarts.jsonl     one record per automatic restart (orchestrator/supervisor.py)
     RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
     RUN_DIR/final.json         the last iteration and the trainer's parameter digests (LLM runs)
     RUN_DIR/tb/                TensorBoard event files: the metrics and `time/<phase>` per iteration
@@ -80,6 +82,8 @@ class RunDir:
         self._tb: TensorBoardLog | None = None
         self._tb_purge_step: int | None = None
         self._sinks: list = []  # more scalar loggers beside TensorBoard (orchestrator/wandb_log.py)
+        self.restarts = self.restart_count()  # carried in status.json and, once nonzero, in each metrics record
+        self._status: dict[str, Any] = {"restarts": self.restarts} if self.restarts else {}
 
     @property
     def tensorboard(self) -> TensorBoardLog:
@@ -131,9 +135,20 @@ class RunDir:
     def status_file(self) -> Path:
         return self.path / "status.json"
 
+    @property
+    def restarts_file(self) -> Path:
+        return self.path / "restarts.jsonl"
+
+    def restart_count(self) -> int:
+        return len(read_jsonl(self.restarts_file))
+
+    def record_restart(self, record: dict) -> None:
+        _append_jsonl(self.restarts_file, record)
+        self.restarts = self.restart_count()
+
     def set_status(self, **fields: Any) -> None:
         """Live state for people and tools watching a run (current iteration and phase, pids)."""
-        self._status = {**getattr(self, "_status", {}), "state": "running", **fields, "driver_pid": os.getpid(),
+        self._status = {**self._status, "state": "running", **fields, "driver_pid": os.getpid(),
                         "time": time.time()}
         tmp = self.status_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._status, indent=1))
@@ -155,7 +170,7 @@ class RunDir:
             status = json.loads(self.status_file.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
-        if status.get("state", "running") == "running" and not _alive(status.get("driver_pid")):
+        if status.get("state", "running") in ("running", "restarting") and not _alive(status.get("driver_pid")):
             status |= {"state": "failed", "error": f"the driver (pid {status.get('driver_pid')}) ended without "
                                                    f"recording how: killed, or its machine went away"}
         return status
@@ -181,6 +196,8 @@ class RunDir:
 
     def log_metrics(self, record: dict) -> None:
         assert "iteration" in record
+        if self.restarts:
+            record = {**record, "restarts": self.restarts}
         _append_jsonl(self.metrics_file, record)
         for log in self._loggers():
             log.scalars(record["iteration"], record)

@@ -70,6 +70,7 @@ class Session:
                 sandbox = SandboxService.start(run.path, cfg.sandbox.state_dir)
                 stack.callback(sandbox.stop)
                 sandbox_url = sandbox.url
+                run.set_status(sandbox_pid=sandbox.process.pid)
             task = make_task(cfg.task, sandbox_url=sandbox_url, seed=cfg.seed)
             model_dir = resolve_model_dir(cfg.model.path, cfg.model.tiny, task, cfg.seed)
             _check_context_length(model_dir, cfg)
@@ -132,7 +133,7 @@ class Session:
             session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
-            run.set_status(engine_pids=session.rollout.engine_pids())
+            run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids())
             session._teardown = stack.pop_all()
             gc.collect()
             gc.freeze()  # the driver's start-up heap: kept out of the full collections between iterations

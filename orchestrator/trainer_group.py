@@ -50,6 +50,9 @@ class _Rank:
     def call(self, method: str, *args, **kwargs) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def node(self) -> tuple[str, str]:
         """(IP address, Ray node id) of this rank's node."""
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
@@ -145,6 +148,10 @@ class TrainerGroup:
             for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
                 ray.kill(r)
             raise
+
+    def pids(self) -> list[int]:
+        """The rank processes' pids, in rank order."""
+        return self._get([r.pid.remote() for r in self.ranks])
 
     def _get(self, refs):
         return ray.get(refs, timeout=self.timeout)

@@ -40,6 +40,9 @@ class EngineConfig(_Strict):
                                      "within one generate or score call before the run stops.")
     engine_start_timeout_s: float = Field(600, gt=0, description="Seconds an engine may take to start before "
                                           "the run stops.")
+    engine_call_timeout_s: float = Field(600, gt=0, description="Seconds one call on an engine (a generate, "
+                                         "score or weight load) may take before the engine is taken for hung: "
+                                         "killed and replaced as a dead one (max_engine_restarts).")
     max_model_len: int | None = Field(None, gt=0, description="Longest sequence (prompt + completion) in tokens "
                                       "an engine accepts; null: the model's max_position_embeddings.")
     # COMPILED_BREAK_EVEN_TOKENS below holds the measured break-even for `auto` on CPU

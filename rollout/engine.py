@@ -39,7 +39,7 @@ from ckpt_transfer.verify import (
 
 from . import routing_capture
 from .config import EngineConfig
-from .engine_proc import DeathWatch, engine_segments, process_tree, remove_segments, wait_gone
+from .engine_proc import DeathWatch, engine_segments, process_tree, remove_segments, sweep_private_dirs, wait_gone
 from .samples import Sample, Samples
 from .tasks.base import Problem
 
@@ -439,6 +439,7 @@ class RolloutEngine:
         t0 = time.monotonic()
         base_tmp = Path(tempfile.gettempdir())  # also pins this process's own tempdir before TMPDIR changes
         self._starts += 1
+        sweep_private_dirs(base_tmp / "tide-rollout")
         private = base_tmp / "tide-rollout" / f"{os.getpid()}-{self._starts}"
         private.mkdir(parents=True, exist_ok=True)
         old_tmp = os.environ.get("TMPDIR")

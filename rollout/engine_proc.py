@@ -3,6 +3,7 @@ memory segments they created, and noticing that the engine core died while the c
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from multiprocessing import shared_memory
@@ -55,6 +56,19 @@ def engine_segments(pids: list[int]) -> set[str]:
     for p in pids:
         out |= _segments_of(p)
     return out
+
+
+def sweep_private_dirs(root: Path) -> list[Path]:
+    """Remove engines' private temporary directories (`<root>/<pid>-<start>`) whose process is gone: an engine
+    killed outside our control (SIGKILL, OOM) cannot remove its own."""
+    removed = []
+    for d in root.glob("*-*") if root.is_dir() else []:
+        pid = d.name.split("-", 1)[0]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
 
 
 def remove_segments(paths: set[str], private_tmp: Path | None = None) -> list[str]:

@@ -2,7 +2,7 @@
 import subprocess
 import time
 
-from rollout.engine_proc import pids_alive, wait_gone
+from rollout.engine_proc import pids_alive, sweep_private_dirs, wait_gone
 
 
 def test_wait_gone_returns_once_the_process_exits_and_counts_a_zombie_as_gone():
@@ -23,3 +23,20 @@ def test_wait_gone_gives_up_at_the_deadline_and_names_the_survivors():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_private_dirs_of_gone_engines_are_swept_and_live_ones_kept(tmp_path):
+    import os
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{gone.pid}-1"
+    (dead / "torch-store").mkdir(parents=True)  # what a killed engine leaves: a non-empty directory
+    live = tmp_path / f"{os.getpid()}-2"
+    live.mkdir()
+    other = tmp_path / "not-an-engine"
+    other.mkdir()
+    assert sweep_private_dirs(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir() and other.is_dir()
+    assert sweep_private_dirs(tmp_path / "absent") == []

@@ -19,18 +19,19 @@ from trainer.batch import TokenDistribution
 pytestmark = pytest.mark.slow
 
 
-def _kill_when_busy(group: RolloutGroup, pid: int, killed: list[int]) -> None:
-    """SIGKILL the engine process once its engine has unfinished requests (a generate is in flight)."""
+def _kill_when_busy(group: RolloutGroup, pid: int, killed: list[int], sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the engine process once its engine has unfinished requests (a generate is in flight)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if ray.get(group.engines[0].info.remote(), timeout=30)["unfinished_requests"] > 0:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             killed.append(pid)
             return
 
 
 def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_cluster, tiny_model_dir, tmp_path):
-    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=1, engine_start_timeout_s=400)
+    cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=1, engine_start_timeout_s=400,
+                       engine_call_timeout_s=CALL_TIMEOUT_S)
     assert cfg.engine_process == "inline"
     group = RolloutGroup([str(tiny_model_dir)], cfg, dtype="float32", seed=0, deterministic=True)
     try:
@@ -51,8 +52,37 @@ def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_c
         assert info["engine_pid"] != pid and info["iteration"] == 1, info
         assert [s.completion_ids for s in got] == [s.completion_ids for s in reference]
         assert max_abs_diff([s.logprobs for s in got], [s.logprobs for s in reference]) <= 1e-5
+
+        # stopped (SIGSTOP) mid-generate: past engine_call_timeout_s the engine is taken for hung, killed (a
+        # stopped process dies of SIGKILL) and replaced like a dead one
+        stopped: list[int] = []
+        pid = info["engine_pid"]
+        stopper = threading.Thread(target=_kill_when_busy, args=(group, pid, stopped, signal.SIGSTOP))
+        stopper.start()
+        started = time.monotonic()
+        got = group.generate(problems, 8, 48, sampling, 3)
+        stopper.join()
+        assert stopped == [pid] and time.monotonic() - started >= CALL_TIMEOUT_S
+        info = ray.get(group.engines[0].info.remote(), timeout=30)
+        assert info["engine_pid"] != pid and info["iteration"] == 1, info
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in reference]
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the stopped engine's process outlived its replacement"
     finally:
         group.shutdown()
+
+
+CALL_TIMEOUT_S = 15.0  # a generate here takes a few seconds
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
 
 
 def test_an_inline_tp2_engine_samples_reloads_and_restarts_in_its_actor(ray_cluster, tmp_path):
