@@ -7,7 +7,10 @@ is the trainer writing into the weight-sync's staging directory, a sync is the w
 engines' nodes and the engines loading it."""
 from __future__ import annotations
 
+import errno
 import gc
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -39,6 +42,18 @@ if TYPE_CHECKING:
     from orchestrator.agent_rollout import Agent
 
 console = Console(stderr=True, log_path=False)  # a time per line; the code location would crowd 80 columns
+
+
+def shm_full_error(e: OSError, iteration: int, shm_root: str, keep_last: int) -> RuntimeError | None:
+    """The error a publish that ran out of space in publish.shm_root stops the run with (None: `e` is another
+    error). A rank's error arrives as Ray's RayTaskError(OSError), the rank's own exception as its `cause`."""
+    cause = getattr(e, "cause", e)
+    if getattr(cause, "errno", None) != errno.ENOSPC:
+        return None
+    free = shutil.disk_usage(shm_root).free if os.path.isdir(shm_root) else 0
+    return RuntimeError(f"publishing iteration {iteration} into publish.shm_root {shm_root}: no space left on the "
+                        f"device ({free / 2**20:.1f} MB free); it must hold publish.keep_last + 1 = {keep_last + 1} "
+                        f"iterations of the model ({cause})")
 
 
 @dataclass
@@ -185,8 +200,14 @@ class Session:
     def publish(self, iteration: int) -> Manifest:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""
         p = self.cfg.publish
-        manifest = self.trainer.publish(self.cfg.name, iteration, str(self.weights.staging_dir(iteration)),
-                                        p.shard_bytes, p.writer_threads)
+        try:
+            manifest = self.trainer.publish(self.cfg.name, iteration, str(self.weights.staging_dir(iteration)),
+                                            p.shard_bytes, p.writer_threads)
+        except OSError as e:
+            full = shm_full_error(e, iteration, p.shm_root, p.keep_last)
+            if full is None:
+                raise
+            raise full from e
         self.weights.publish(manifest)
         return manifest
 

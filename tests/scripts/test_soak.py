@@ -1,0 +1,39 @@
+"""The short soak (scripts/soak.py --quick): the quickstart job under `tide run --max-restarts`, an engine SIGKILLed
+mid-rollout (absorbed: replaced on its iteration) and a trainer rank SIGKILLed mid-train (the driver fails, the
+run restarts from its checkpoint); it ends with the parameters and metrics of an uninterrupted run and leaves
+nothing behind. The 1000-iteration soak with five kinds of fault: docs/training.md#long-runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp_path):
+    out, work = tmp_path / "soak.json", tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--quick", "--work-dir", str(work),
+                           "--out", str(out), "--restart-backoff", "0"],
+                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert {g["name"]: g["met"] for g in doc["goals"]} == {g["name"]: True for g in doc["goals"]}
+    assert {f["kind"] for f in doc["faults"]} == {"engine_kill", "trainer_kill"}
+    effects = {f["kind"]: f["effect"] for f in doc["faults"]}
+    assert effects["engine_kill"] == "absorbed: no restart", effects
+    assert effects["trainer_kill"].startswith("restart 1 ") and "ActorDiedError" in effects["trainer_kill"], effects
+
+    run_dir = work / "soak"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "finished" and status["restarts"] == 1
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = doc["restarts"][0]["from_iteration"]
+    assert all("restarts" not in m for m in metrics[:first]) and metrics[-1]["restarts"] == 1
+    shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "inspect", str(run_dir), "--no-plot"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "status: finished" in shown.stdout and f"restart 1: from iteration {first} after exit 1" in shown.stdout
