@@ -275,6 +275,38 @@ def growth(procs: dict, settle: int, span: int) -> list[dict]:
     return sorted(out, key=lambda r: -r.get("rss_growth_mb", float("-inf")))
 
 
+def _plot(procs: dict, faults: list[Fault], shm_used_mb: dict[int, float], path: Path) -> Path:
+    """RSS growth of the run's ten largest processes per iteration, each against its own first sample (a
+    replaced process is a line of its own), the faults marked; /dev/shm use below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=[3, 1])
+    for p in sorted(procs.values(), key=lambda p: -max(p.rss_mb.values()))[:10]:
+        its = sorted(p.rss_mb)
+        top.plot(its, [p.rss_mb[i] - p.rss_mb[its[0]] for i in its],
+                 label=f"{p.name.split()[0].split('/')[-1][:28]} ({p.pid}, {p.rss_mb[its[0]]:.0f} MB at first)")
+    for ax in (top, bottom):
+        for f in faults:
+            if f.injected_at:
+                ax.axvline(f.iteration, color="red", alpha=0.3)
+    for f in faults:
+        if f.injected_at:
+            top.annotate(f.kind, (f.iteration, top.get_ylim()[1]), rotation=90, va="top", fontsize=7, color="red")
+    top.set_ylabel("RSS above its first sample (MB)")
+    top.legend(fontsize=7, loc="center right")
+    its = sorted(shm_used_mb)
+    bottom.plot(its, [shm_used_mb[i] for i in its])
+    bottom.set_ylabel("/dev/shm used (MB)")
+    bottom.set_xlabel("iteration (when sampled: a restart repeats iterations)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -421,6 +453,7 @@ def main() -> None:
                                 "last": list(soak.shm_used_mb.values())[-1] if soak.shm_used_mb else None})
     report.note("log", soak.log)
     out = report.write()
+    plot = _plot(soak.procs, faults, soak.shm_used_mb, out.with_name(out.stem + "_rss.png"))
     print(f"\nsoak: exit {rc} after {seconds:.0f} s, {len(restarts)} restart(s), {len(metrics)} iterations recorded")
     for f in faults:
         print(f"  {f.kind:<14} iteration {f.iteration:>5}: {f.target} {f.note}\n{'':<17}-> {f.effect}")
@@ -430,7 +463,7 @@ def main() -> None:
               f"fds {g['fds_growth']:+d}, threads {g['threads_growth']:+d}")
     print(f"  leftovers: {json.dumps({k: v for k, v in leftovers.items() if v}) or 'none'}")
     report.print_goals()
-    print(f"wrote {out}")
+    print(f"wrote {out} and {plot}")
     sys.exit(0 if all(g["met"] for g in report.goals) else 1)
 
 
