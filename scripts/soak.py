@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -411,14 +412,23 @@ def main() -> None:
         time.sleep(0.5)
     after = {"mounts": _mounts(), "cgroups": _cgroups(), "rollout_dirs": _rollout_dirs(),
              "shm": {p.name for p in SHM.iterdir()}}
+    new = {k: sorted(after[k] - before[k]) for k in after}
+    # What the run owns (its processes' pids in the name, its publish roots): judged. Whatever else appeared in
+    # the meantime (another job on the machine, a concurrent test) is reported beside it.
+    pids = {str(p.pid) for p in soak.procs.values()}
+
+    def owned(entry: str) -> bool:
+        return bool(set(re.split(r"[-/ ]", entry)) & pids) or f"tide-soak-{os.getpid()}" in entry
+
     leftovers = {
         "processes": sorted(left),
-        "shm": sorted(after["shm"] - before["shm"] - {f"tide-soak-{os.getpid()}-ref"}),
+        "shm": [e for e in new["shm"] if owned(e)],
         "shm_root_files": left_in_root,
-        "mounts": sorted(after["mounts"] - before["mounts"]),
-        "cgroups": sorted(after["cgroups"] - before["cgroups"]),
-        "engine_tmp_dirs": sorted(after["rollout_dirs"] - before["rollout_dirs"]),
+        "mounts": [e for e in new["mounts"] if owned(e)],
+        "cgroups": [e for e in new["cgroups"] if owned(e)],
+        "engine_tmp_dirs": [e for e in new["rollout_dirs"] if e.split("-")[0] in pids],
     }
+    report.note("appeared_elsewhere", {k: [e for e in v if e not in leftovers.get(k, [])] for k, v in new.items()})
     grown = growth(soak.procs, args.settle, args.span)
     measured = [g for g in grown if "rss_growth_mb" in g]
     worst = max((g["rss_growth_mb"] for g in measured), default=float("nan"))

@@ -2,6 +2,8 @@
 logits in transformers (after training steps, so the weights are no longer the initial ones)."""
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -186,6 +188,31 @@ def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, rank_pool, ti
     for a, b in zip(before, after):
         assert (a - b).abs().max().item() <= 1e-5
     assert resumed_loss == pytest.approx(next_loss, abs=1e-5)  # optimizer state came along
+
+
+def test_a_checkpoint_taken_before_the_first_optimizer_step_resumes_exactly(ray_cluster, rank_pool, tiny_dense_dir,
+                                                                             tmp_path):
+    """No optimizer step yet (right after the warm start's reset; a GRPO run whose groups all had equal rewards):
+    Adam holds no moments, Megatron saves none and loading would demand them. The resumed trainer keeps a fresh
+    optimizer, as the saved one was, and its next steps equal the uninterrupted trainer's."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    batch = _sft_batch(tiny_dense_dir)
+    group = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=8), pool=rank_pool)
+    try:
+        group.save_checkpoint(str(tmp_path))
+        assert json.loads((tmp_path / "layout.json").read_text())["optimizer_state"] is False
+        losses = [group.train_step(batch, mode="sft", lr=1e-2)["loss"] for _ in range(2)]
+        digests = group.parameter_digests()
+    finally:
+        group.shutdown()
+    resumed = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=8), pool=rank_pool)
+    try:
+        resumed.load_checkpoint(str(tmp_path))
+        assert [resumed.train_step(batch, mode="sft", lr=1e-2)["loss"] for _ in range(2)] == losses
+        assert resumed.parameter_digests() == digests
+    finally:
+        resumed.shutdown()
 
 
 def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, rank_pool, tiny_moe_dir, tmp_path):

@@ -74,7 +74,7 @@ def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_c
         group.shutdown()
 
 
-CALL_TIMEOUT_S = 15.0  # a generate here takes a few seconds
+CALL_TIMEOUT_S = 10.0  # a generate here takes a few seconds
 
 
 def _alive(pid: int) -> bool:

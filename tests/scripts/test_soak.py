@@ -10,16 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp_path):
+    # the quickstart job with an eighth of its rollout: the suite's time goes to the restarts
+    job = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    job["rollout"] |= {"prompts_per_iteration": 16, "n_samples": 4}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out, work = tmp_path / "soak.json", tmp_path / "work"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--quick", "--work-dir", str(work),
-                           "--out", str(out), "--restart-backoff", "0"],
-                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--quick", "--config",
+                           str(tmp_path / "job.yaml"), "--work-dir", str(work), "--out", str(out),
+                           "--restart-backoff", "0"], capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert {g["name"]: g["met"] for g in doc["goals"]} == {g["name"]: True for g in doc["goals"]}
@@ -32,6 +37,10 @@ def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished" and status["restarts"] == 1
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # RL moved the weights on both sides of the restart: equal digests are no accident of a run that never steps
+    first_restart = doc["restarts"][0]["from_iteration"]
+    assert sum(m["optimizer_steps"] for m in metrics[:first_restart]) > 0
+    assert sum(m["optimizer_steps"] for m in metrics[first_restart:]) > 0
     first = doc["restarts"][0]["from_iteration"]
     assert all("restarts" not in m for m in metrics[:first]) and metrics[-1]["restarts"] == 1
     shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "inspect", str(run_dir), "--no-plot"],

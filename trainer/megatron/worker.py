@@ -617,7 +617,13 @@ class MegatronWorker:
         p = self.spec.trainer.parallel
         return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "moe": bool(self.config.num_moe_experts)}
 
-    def _sharded_state(self, is_loading: bool, with_rng: bool = True) -> dict:
+    def _optimizer_has_state(self) -> bool:
+        """Whether Adam holds moments yet: torch creates them at a parameter's first step, so right after a reset
+        (the warm start's end) and until the first RL step that takes one there are none."""
+        chained = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        return any(len(state) > 0 for o in chained for state in o.optimizer.state.values())
+
+    def _sharded_state(self, is_loading: bool, with_rng: bool = True, with_optimizer: bool = True) -> dict:
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         ps = self.ps
@@ -632,7 +638,9 @@ class MegatronWorker:
                ps.get_expert_model_parallel_rank())
         shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
                  ps.get_expert_model_parallel_world_size())
-        state = {"model": model_sd, "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)}
+        state = {"model": model_sd}
+        if with_optimizer:
+            state["optimizer"] = self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
         if self.reference is not None:
             state["reference"] = self.reference.sharded_state_dict(prefix="reference.")
         if with_rng:
@@ -644,11 +652,16 @@ class MegatronWorker:
         from megatron.core import dist_checkpointing
 
         target = Path(ckpt_dir) / "megatron"
+        # A checkpoint taken before the optimizer's first step holds no optimizer state (Megatron writes none, and
+        # loading would expect moments): recorded, so that a resume keeps its fresh optimizer. Every rank steps
+        # together, so they all agree.
+        with_optimizer = self._optimizer_has_state()
         if self.rank == 0:
             target.mkdir(parents=True, exist_ok=True)
-            (Path(ckpt_dir) / "layout.json").write_text(json.dumps(self._layout_record()))
+            (Path(ckpt_dir) / "layout.json").write_text(json.dumps(self._layout_record()
+                                                                   | {"optimizer_state": with_optimizer}))
         torch.distributed.barrier()
-        dist_checkpointing.save(self._sharded_state(is_loading=False), str(target))
+        dist_checkpointing.save(self._sharded_state(is_loading=False, with_optimizer=with_optimizer), str(target))
         torch.distributed.barrier()
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
@@ -662,16 +675,21 @@ class MegatronWorker:
         p = self.spec.trainer.parallel
         saved_file = Path(ckpt_dir) / "layout.json"
         saved = json.loads(saved_file.read_text()) if saved_file.exists() else self._layout_record()
+        with_optimizer = saved.pop("optimizer_state", True)  # False: saved before any step (see save_checkpoint)
         same_layout = saved == self._layout_record()
         if not same_layout and saved.get("moe"):
             raise LayoutError(
                 f"{ckpt_dir} holds a mixture-of-experts checkpoint saved with tp={saved['tp']} pp={saved['pp']} "
                 f"ep={saved['ep']}; megatron-core 0.19.2 cannot reshard its optimizer state into tp={p.tp} "
                 f"pp={p.pp} ep={p.ep}: resume with the saved trainer.parallel layout")
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True, with_rng=same_layout),
-                                        str(Path(ckpt_dir) / "megatron"))
+        state = dist_checkpointing.load(
+            self._sharded_state(is_loading=True, with_rng=same_layout, with_optimizer=with_optimizer),
+            str(Path(ckpt_dir) / "megatron"))
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if with_optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            self.reset_optimizer()  # as it was when saved: no moments, step 0
         if self.reference is not None:
             self.reference.load_state_dict({k.removeprefix("reference."): v for k, v in state["reference"].items()})
         if not same_layout:
