@@ -50,6 +50,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_common import Report  # noqa: E402
 
+from orchestrator.rundir import read_jsonl  # noqa: E402
+
 KINDS = ("engine_kill", "engine_stop", "trainer_kill", "corrupt_shard", "shm_full", "sandbox_kill", "ray_head_kill")
 PHASE = {"engine_kill": "rollout", "engine_stop": "rollout", "trainer_kill": "train", "corrupt_shard": "rollout",
          "shm_full": "train", "sandbox_kill": "reward", "ray_head_kill": "train"}
@@ -249,8 +251,7 @@ def _final(run_dir: Path) -> dict:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     for r in rows:
         r.pop("restarts", None)
     return rows
@@ -387,8 +388,7 @@ def main() -> None:
 
     # ---- checks ------------------------------------------------------------------------------------
     status = _status(soak.run_dir)
-    restarts = [json.loads(line) for line in (soak.run_dir / "restarts.jsonl").read_text().splitlines()] \
-        if (soak.run_dir / "restarts.jsonl").exists() else []
+    restarts = read_jsonl(soak.run_dir / "restarts.jsonl")
     for k, f in enumerate(faults):
         until = next((g.injected_at for g in faults[k + 1:] if g.injected_at), float("inf"))
         caused = [r for r in restarts if f.injected_at and f.injected_at <= r["time"] < until]

@@ -13,6 +13,7 @@ from rollout_helpers import max_abs_diff, perturb, publish_like
 
 from orchestrator.rollout_group import RolloutGroup
 from rollout.config import EngineConfig
+from rollout.engine_proc import wait_gone
 from rollout.tasks import AdditionTask
 from trainer.batch import TokenDistribution
 
@@ -66,23 +67,12 @@ def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_c
         info = ray.get(group.engines[0].info.remote(), timeout=30)
         assert info["engine_pid"] != pid and info["iteration"] == 1, info
         assert [s.completion_ids for s in got] == [s.completion_ids for s in reference]
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(pid), "the stopped engine's process outlived its replacement"
+        assert not wait_gone([pid], timeout_s=30), "the stopped engine's process outlived its replacement"
     finally:
         group.shutdown()
 
 
 CALL_TIMEOUT_S = 10.0  # a generate here takes a few seconds
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
 
 
 def test_an_inline_tp2_engine_samples_reloads_and_restarts_in_its_actor(ray_cluster, tmp_path):

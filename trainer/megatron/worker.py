@@ -28,12 +28,17 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _behaviour_gap(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
-    """Summed |trainer - engines| log-prob over a micro-batch's completion tokens: against the engines' own
-    log-probs (`rollout`) under truncated importance sampling, else against pi_old (the same log-probs when the
-    batch is fresh)."""
+def _behaviour_gaps(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
+    """Per sequence of a micro-batch, the summed |trainer - engines| log-prob over its completion tokens: against
+    the engines' own log-probs (`rollout`) under truncated importance sampling, else against pi_old (the same
+    log-probs when the batch is fresh)."""
     behaviour = (mb["old"] if tis_cap is None else mb["rollout"]).to(logp.device)
-    return ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum()
+    return ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum(-1)
+
+
+def _behaviour_gap(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
+    """The micro-batch's summed |trainer - engines| log-prob (see _behaviour_gaps)."""
+    return _behaviour_gaps(logp, mb, tis_cap).sum()
 
 
 class MegatronWorker:
@@ -421,9 +426,8 @@ class MegatronWorker:
         (`behaviour_gap_unreplayed`); the sequences the two passes score differently (`replay_sequences_affected`:
         some token routed apart) and of those, how many replay brings closer to the rollout or farther; the
         routing metrics of the whole batch."""
-        every = list(range(len(seqs)))
-        replayed, replayed_counts = self._gap_pass(seqs, every, seq_len, dist, tis_cap, replay=True)
-        free, free_counts = self._gap_pass(seqs, every, seq_len, dist, tis_cap, replay=False)
+        replayed, replayed_counts = self._gap_pass(seqs, seq_len, dist, tis_cap, replay=True)
+        free, free_counts = self._gap_pass(seqs, seq_len, dist, tis_cap, replay=False)
         sums = torch.stack([replayed.sum(), free.sum(), (replayed != free).sum(), (replayed < free).sum(),
                             (replayed > free).sum()]).double()
         sums = self._sum_over_dp_on_last_stage(sums)
@@ -432,17 +436,15 @@ class MegatronWorker:
                 "replay_sequences_affected": int(sums[2]), "replay_sequences_closer": int(sums[3]),
                 "replay_sequences_farther": int(sums[4]), **self._routing_metrics(replayed_counts, free_counts)}
 
-    def _gap_pass(self, seqs: list[TrainSequence], chunk: list[int], seq_len: int, dist: TokenDistribution,
-                  tis_cap: float | None, replay: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """A forward of the sequences `chunk` with or without routing replay: each of this rank's sequences'
-        summed |trainer - rollout| log-prob (empty off the last pipeline stage) and this rank's routing counts."""
-        mbs = self._micro_batches(seqs, chunk, None, seq_len)
+    def _gap_pass(self, seqs: list[TrainSequence], seq_len: int, dist: TokenDistribution, tis_cap: float | None,
+                  replay: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A forward of the whole batch with or without routing replay: each of this rank's sequences' summed
+        |trainer - rollout| log-prob (empty off the last pipeline stage) and this rank's routing counts."""
+        mbs = self._micro_batches(seqs, list(range(len(seqs))), None, seq_len)
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
-            behaviour = (mb["old"] if tis_cap is None else mb["rollout"]).to(logp.device)
-            per_sequence = ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum(-1)
-            return output.new_zeros(()), {"gap": per_sequence.cpu()}
+            return output.new_zeros(()), {"gap": _behaviour_gaps(logp, mb, tis_cap).cpu()}
 
         from trainer.megatron.routing_replay import RoutingPass
 
