@@ -11,6 +11,7 @@ import json
 import os
 import struct
 import sys
+import time
 import traceback
 
 _OUTPUT_BYTES = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
@@ -58,14 +59,43 @@ def _run(code: str, scope: dict) -> dict:
     return result
 
 
+def _reap(copies: int, pending: set[int], within_s: float = 2.0) -> set[int]:
+    """Reap the driver copies that came out of the last cell, so their pids are free for the next one (exited,
+    they would hold them as zombies up to the pids limit). A copy forked by another copy becomes ours (we are
+    init) only once that one has exited; those not yet ours after `within_s` are tried again after the next cell.
+    The cell's own children are left to the cell: a subprocess it started is its to wait for."""
+    while True:
+        try:
+            data = os.read(copies, 4096)
+        except BlockingIOError:
+            break
+        pending.update(pid for (pid,) in struct.iter_unpack("<i", data))
+    deadline = time.monotonic() + within_s
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pending.discard(pid)
+            except ChildProcessError:
+                pass
+        if pending:
+            time.sleep(0.002)
+    return pending
+
+
 def main() -> None:
     requests, replies = os.dup(0), os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    driver = os.getpid()
+    copies, returned = os.pipe()
+    os.set_blocking(copies, False)
+    pending: set[int] = set()
     _send(replies, {"ready": True})
     while True:
+        pending = _reap(copies, pending)
         (size,) = struct.unpack("<I", _read(requests, 4))
         request = json.loads(_read(requests, size))
         code = request["code"]
@@ -73,6 +103,9 @@ def main() -> None:
         os.dup2(out, 1)
         os.dup2(err, 2)
         result = _run(code, scope)
+        if os.getpid() != driver:  # a copy of the driver the cell forked came out of it: only the driver reads
+            os.write(returned, struct.pack("<i", os.getpid()))  # requests; it goes, for the driver to reap
+            os._exit(0)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -31,6 +31,22 @@ def test_state_across_cells_and_outputs(client):
         client.close_session(sid)
 
 
+def test_processes_a_cell_forks_never_answer_the_next_cells(client):
+    """A cell's forked children that come back out of the cell (a fork loop stopped by the pids limit, a bare
+    os.fork()) must not become drivers of their own reading the session's next requests."""
+    sid = client.open_session(limits={"pids": 32})
+    try:
+        bomb = client.run_in_session(sid, "import os\nwhile True:\n    os.fork()")
+        assert bomb.status == "error" and bomb.error[0]["ename"] == "BlockingIOError", bomb
+        assert client.run_in_session(sid, "for _ in range(3):\n    os.fork()").status == "ok"
+        answers = [client.run_in_session(sid, "os.getpid()").display for _ in range(8)]
+        assert answers == [[{"text/plain": "1"}]] * 8, answers  # one process answers every cell: the driver
+        flood = client.run_in_session(sid, "print('x' * 1_000_000)")
+        assert flood.status == "ok" and flood.stdout.startswith("xxx"), flood
+    finally:
+        client.close_session(sid)
+
+
 def test_two_sessions_cannot_see_each_other(client):
     a, b = client.open_session(), client.open_session()
     try:
