@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import struct
+import signal
 import sys
 import time
 import traceback
@@ -59,28 +60,48 @@ def _run(code: str, scope: dict) -> dict:
     return result
 
 
-def _reap(copies: int, pending: set[int], within_s: float = 2.0) -> set[int]:
-    """Reap the driver copies that came out of the last cell, so their pids are free for the next one (exited,
-    they would hold them as zombies up to the pids limit). A copy forked by another copy becomes ours (we are
-    init) only once that one has exited; those not yet ours after `within_s` are tried again after the next cell.
-    The cell's own children are left to the cell: a subprocess it started is its to wait for."""
-    while True:
+_COPY_EXIT = 87  # the exit status of a driver copy that came out of a cell (see main)
+
+
+def _reap_copies(*_) -> None:
+    """SIGCHLD: as the container's init, reap the driver copies that exited (they would hold their pids as
+    zombies up to the pids limit), also those orphaned to us by a copy that exited first. Only they: a zombie is
+    looked at without being reaped (WNOWAIT) and taken only with the copies' exit status, so a subprocess the
+    cell started stays the cell's to wait for."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == "1":
+            continue
         try:
-            data = os.read(copies, 4096)
-        except BlockingIOError:
-            break
-        pending.update(pid for (pid,) in struct.iter_unpack("<i", data))
-    deadline = time.monotonic() + within_s
-    while pending and time.monotonic() < deadline:
-        for pid in list(pending):
+            info = os.waitid(os.P_PID, int(name), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None and info.si_code == os.CLD_EXITED and info.si_status == _COPY_EXIT:
+                os.waitpid(int(name), 0)
+        except ChildProcessError:
+            pass
+
+
+def _running_copies(cmdline: bytes) -> set[int]:
+    """Processes running this driver's program but the driver: copies a cell forked (a subprocess the cell
+    started runs another program)."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != "1":
             try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    pending.discard(pid)
-            except ChildProcessError:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read() == cmdline:  # empty for a zombie
+                        out.add(int(name))
+            except OSError:
                 pass
-        if pending:
-            time.sleep(0.002)
-    return pending
+    return out
+
+
+def _settle(before: set[int], cmdline: bytes, within_s: float = 2.0) -> None:
+    """Wait until the copies the last cell forked have come out of it and been reaped, so that their pids are
+    free for the next cell; a copy the cell left running on purpose (a background worker) is waited for up to
+    `within_s` once, never again."""
+    deadline = time.monotonic() + within_s
+    while _running_copies(cmdline) - before and time.monotonic() < deadline:
+        time.sleep(0.002)
+    _reap_copies()
 
 
 def main() -> None:
@@ -90,22 +111,24 @@ def main() -> None:
         os.dup2(null, fd)
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     driver = os.getpid()
-    copies, returned = os.pipe()
-    os.set_blocking(copies, False)
-    pending: set[int] = set()
+    if driver == 1:
+        signal.signal(signal.SIGCHLD, _reap_copies)
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = f.read()
     _send(replies, {"ready": True})
     while True:
-        pending = _reap(copies, pending)
         (size,) = struct.unpack("<I", _read(requests, 4))
         request = json.loads(_read(requests, size))
         code = request["code"]
         out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
         os.dup2(out, 1)
         os.dup2(err, 2)
+        before = _running_copies(cmdline) if driver == 1 else set()
         result = _run(code, scope)
         if os.getpid() != driver:  # a copy of the driver the cell forked came out of it: only the driver reads
-            os.write(returned, struct.pack("<i", os.getpid()))  # requests; it goes, for the driver to reap
-            os._exit(0)
+            os._exit(_COPY_EXIT)  # requests
+        if driver == 1:
+            _settle(before, cmdline)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
