@@ -131,8 +131,14 @@ OTHER_NAMES: tuple[OtherName, ...] = (
     _verl("actor_rollout_ref.model.custom_chat_template", "model.chat_template", "tide takes a .jinja file"),
     _verl("algorithm.adv_estimator", "trainer.loss", "grpo: grpo; gae (with a critic): no counterpart"),
     _verl("algorithm.norm_adv_by_std_in_grpo", "trainer.adv_std_norm"),
-    _verl("algorithm.rollout_correction.rollout_is", "rollout.mismatch_correction", "token: tis"),
-    _verl("algorithm.rollout_correction.rollout_is_threshold", "rollout.tis_cap"),
+    _verl("algorithm.rollout_correction.rollout_is", "rollout.mismatch_correction", "token: tis; sequence with "
+          "rollout_rs sequence: mis"),
+    _verl("algorithm.rollout_correction.rollout_is_threshold", "rollout.tis_cap", "with rollout_is token"),
+    _verl("algorithm.rollout_correction.rollout_rs", "rollout.mismatch_correction", "sequence (with rollout_is "
+          "sequence): mis; token, weighted by the ratio: icepop"),
+    _verl("algorithm.rollout_correction.rollout_rs_threshold", "rollout.mis_threshold", "mis; icepop's upper bound "
+          "is rollout.icepop_bounds[1]"),
+    _verl("algorithm.rollout_correction.rollout_rs_threshold_lower", "rollout.icepop_bounds", "its lower bound"),
     _verl("data.train_files", "task.path", "with task.name: dataset"),
     _verl("data.val_files", "task.eval_path"),
     _verl("data.prompt_key", "task.prompt_field"),

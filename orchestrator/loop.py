@@ -11,7 +11,7 @@ from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, check_logprob_gap, logprob_gap,
                                         probe_due)
-from orchestrator.mismatch import tis_metrics, use_trainer_old_logprobs
+from orchestrator.mismatch import use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
 from orchestrator.sample_metrics import sample_metrics, sample_records
@@ -73,10 +73,10 @@ def run_iterations(s: Session) -> None:
                     s.task, problems, samples, t.length_penalty, s.reward_functions,
                     trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
-            batch = samples_batch(samples, s.sampling)
-            if r.mismatch_correction == "tis":
+            batch, mismatch = samples_batch(samples, s.sampling), {}
+            if s.mismatch_correction:
                 with run.phase(it, "old_logprobs"):
-                    use_trainer_old_logprobs(batch, s.trainer.logprobs(batch), r.tis_cap)
+                    mismatch = use_trainer_old_logprobs(batch, s.trainer.logprobs(batch), s.mismatch_correction)
             if t.kl.coef > 0:
                 with run.phase(it, "reference"):
                     attach_reference_logprobs(batch, s.trainer.logprobs(batch, reference=True))
@@ -86,8 +86,10 @@ def run_iterations(s: Session) -> None:
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
-            check_logprob_gap(it, train["behaviour_gap"], gap_bound, "the first mini-batch, before its update",
-                              bound_origin)
+            # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included
+            gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
+            check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if s.mismatch_correction
+                              else "the first mini-batch, before its update", bound_origin)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
@@ -112,12 +114,12 @@ def run_iterations(s: Session) -> None:
             moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
-                             **{k: train[k] for k in TRAIN_METRICS if k in train}, **tis_metrics(batch),
-                             "logprob_gap": train["behaviour_gap"], **replay_gaps(train), **probe, "samples": len(samples),
+                             **{k: train[k] for k in TRAIN_METRICS if k in train}, **mismatch,
+                             "logprob_gap": gap, **replay_gaps(train), **probe, "samples": len(samples),
                              **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
-                        f"loss {train['loss']:+.4f}  gap {train['behaviour_gap']:.2e}")
+                        f"loss {train['loss']:+.4f}  gap {gap:.2e}")
             for name, gap in probe.items():
                 check_logprob_gap(it, gap, gap_bound, PROBE_BATCHES[name], bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:

@@ -25,6 +25,7 @@ from orchestrator.cluster import connect
 from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import agent_probe_problems, probe_problems
+from orchestrator.mismatch import MismatchCorrection
 from orchestrator.model_source import resolve_model_dir
 from orchestrator.placement import Placement
 from orchestrator.prompts import PromptRenderer, RenderedTask
@@ -158,6 +159,15 @@ class Session:
     def sampling(self) -> TokenDistribution:
         """What the engines sample from and the trainer recomputes."""
         return behaviour_distribution(self.cfg.rollout)
+
+    @property
+    def mismatch_correction(self) -> MismatchCorrection | None:
+        """How the trainer corrects for the engines' sampling (rollout.mismatch_correction); None: it does not."""
+        r = self.cfg.rollout
+        if r.mismatch_correction == "none":
+            return None
+        return MismatchCorrection(r.mismatch_correction, tis_cap=r.tis_cap, mis_threshold=r.mis_threshold,
+                                  icepop_low=r.icepop_bounds[0], icepop_high=r.icepop_bounds[1])
 
     def _warm_start_progress(self, step: int, loss: float) -> None:
         """status.json counts the warm start's steps; the console hears of every tenth of them."""

@@ -135,12 +135,28 @@ class RolloutConfig(EngineConfig):
         "the trainer rescores (the same bound); null: after every sync with several engines, never with one; 0: "
         "never.")
     probe_prompts: int = Field(8, gt=0, description="Prompts in the probe batch.")
-    mismatch_correction: Literal["none", "tis"] = Field(
-        "none", description="`tis`: the trainer recomputes pi_old and weighs each token's policy gradient by "
-        "min(pi_old / pi_rollout, tis_cap) (truncated importance sampling, for bfloat16 engines); `none`: the "
-        "engines' log-probs are pi_old.")
+    mismatch_correction: Literal["none", "tis", "mis", "icepop"] = Field(
+        "none", description="How the trainer corrects for sampling by the engines (pi_rollout: bfloat16, other "
+        "kernels) rather than by itself (pi_old): it recomputes pi_old and, with rho_t = pi_old(y_t) / "
+        "pi_rollout(y_t), weighs each token's policy gradient by `tis`: min(rho_t, tis_cap) (truncated importance "
+        "sampling); `mis`: the sequence's rho = prod_t rho_t, and leaves out a sequence whose rho is above "
+        "mis_threshold (masked importance sampling); `icepop`: rho_t, and leaves out a token whose rho_t is outside "
+        "icepop_bounds. Left-out tokens count in no loss term or denominator. `none`: the engines' log-probs are "
+        "pi_old.")
     tis_cap: float = Field(2.0, ge=1, description="Cap of the truncated importance weight (mismatch_correction "
                            "tis).")
+    mis_threshold: float = Field(2.0, gt=1, description="A sequence whose importance ratio prod_t rho_t exceeds "
+                                 "it is left out (mismatch_correction mis).")
+    icepop_bounds: tuple[float, float] = Field((0.5, 5.0), description="[low, high]: a token whose rho_t is "
+                                               "outside is left out (mismatch_correction icepop; IcePop's 0.5 "
+                                               "and 5).")
+
+    @model_validator(mode="after")
+    def _icepop_bounds(self) -> "RolloutConfig":
+        low, high = self.icepop_bounds
+        if not 0 < low < 1 < high:
+            raise ValueError(f"rollout.icepop_bounds {list(self.icepop_bounds)}: needs 0 < low < 1 < high")
+        return self
 
     def engine_config(self, iterations: int) -> "RolloutConfig":
         """These settings as the engines of a run of `iterations` get them: max_num_seqs, when unset, sized so

@@ -14,9 +14,11 @@ class TrainSequence:
     reward: float = 0.0
     group: int = 0  # samples of the same prompt share a group (the baseline is per group)
     ref_logprobs: list[float] = field(default_factory=list)  # frozen reference policy (with trainer.kl only)
-    # With rollout.mismatch_correction: tis, the engine's log-probs; old_logprobs then holds the trainer's own
-    # (pi_old recomputed on the weights the engine sampled with)
+    # With rollout.mismatch_correction, the engine's log-probs; old_logprobs then holds the trainer's own (pi_old
+    # recomputed on the weights the engine sampled with) and is_weights each token's importance weight on the
+    # policy gradient (orchestrator/mismatch.py)
     rollout_logprobs: list[float] = field(default_factory=list)
+    is_weights: list[float] = field(default_factory=list)
     # Mixture-of-experts: the experts the rollout routed each input position to, int16 [len(prompt_ids) +
     # len(completion_ids) - 1, hidden layers, top_k], -1 where none (rollout/samples.py Sample.routed_experts)
     routed_experts: np.ndarray | None = None
@@ -57,4 +59,6 @@ class TokenDistribution:
 class TrainBatch:
     sequences: list[TrainSequence]
     distribution: TokenDistribution = TokenDistribution()  # what old_logprobs (and the trainer's) refer to
-    tis_cap: float | None = None  # truncated importance sampling against rollout_logprobs, with this cap
+    # old_logprobs are the trainer's recomputed pi_old, the engines' are rollout_logprobs, and every sequence has
+    # its is_weights (rollout.mismatch_correction)
+    old_recomputed: bool = False

@@ -25,12 +25,11 @@ Losses (`trainer.loss`):
   With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
   `ppo_clip` (not PPO: there is no critic).
 
-`rollout.mismatch_correction: tis` (truncated importance sampling; Yao et al. 2025, "Your Efficient RL Framework
-Secretly Brings You Off-Policy RL Training", fengyao.notion.site/off-policy-rl): the engines sample from
-pi_rollout, which differs from the trainer's pi_old on the same weights (bfloat16, other kernels). `old_logp`
-is then the trainer's recomputed pi_old and each token's policy-gradient term is multiplied by
-w_t = min(pi_old(y_t) / pi_rollout(y_t), C), detached. For `kimi` the weight multiplies each token's term of
--(r - mean r) sum_t log pi(y_t); the squared log-ratio regulariser is not weighted.
+`rollout.mismatch_correction` (orchestrator/mismatch.py: truncated, masked or IcePop importance sampling): the
+engines sample from pi_rollout, which differs from the trainer's pi_old on the same weights (bfloat16, other
+kernels). `old_logp` is then the trainer's recomputed pi_old and each token's policy-gradient term is multiplied
+by its importance weight w_t (`is_weight`, computed by the driver, detached). For `kimi` the weight multiplies
+each token's term of -(r - mean r) sum_t log pi(y_t); the squared log-ratio regulariser is not weighted.
 
 `trainer.kl` adds coef x KL(pi || pi_ref) to the loss, estimated per sampled token with Schulman's estimators
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
@@ -81,11 +80,6 @@ def group_baseline_advantages(rewards: torch.Tensor, groups: torch.Tensor, norma
 def advantages(spec: LossSpec, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return group_baseline_advantages(rewards, groups, normalize_std=spec.adv_std_norm,
                                      unbiased=spec.adv_std_unbiased, eps=spec.adv_std_eps)
-
-
-def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (no gradient)."""
-    return torch.exp(old_logp.detach() - rollout_logp).clamp(max=cap)
 
 
 def kimi_sequence_loss(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
@@ -164,7 +158,7 @@ def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask
     """This micro-batch's part of the mini-batch objective (`n_seqs`, `n_tokens`: the mini-batch's counts),
     plus the reference KL term when `spec.kl_coef` > 0 (then `ref_logp` is required) and minus the entropy bonus
     when `spec.entropy_coef` > 0 (then `entropy` [B, T], differentiable, is required); `is_weight` [B, T]:
-    truncated importance weights (`tis_weights`) on the policy-gradient term. `kl_logp`: the policy's
+    importance weights (rollout.mismatch_correction) on the policy-gradient term. `kl_logp`: the policy's
     differentiable log-probs under the KL term's distribution (`sampling.kl_distribution`), where it differs
     from the sampled one `logp` is taken under (top-p / top-k); `ref_logp` is under that distribution too."""
     loss = _surrogate(spec, logp, old_logp, mask, adv, n_seqs, n_tokens, is_weight)

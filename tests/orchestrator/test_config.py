@@ -173,6 +173,12 @@ def test_mismatch_correction_fields_are_validated():
         parse_config({**_base(), "rollout": {"mismatch_correction": "is"}})
     with pytest.raises(ConfigError, match="rollout.tis_cap"):
         parse_config({**_base(), "rollout": {"tis_cap": 0.5}})
+    with pytest.raises(ConfigError, match="rollout.mis_threshold"):
+        parse_config({**_base(), "rollout": {"mismatch_correction": "mis", "mis_threshold": 1.0}})
+    with pytest.raises(ConfigError, match=r"rollout.icepop_bounds \[2.0, 5.0\]: needs 0 < low < 1 < high"):
+        parse_config({**_base(), "rollout": {"mismatch_correction": "icepop", "icepop_bounds": [2, 5]}})
+    assert parse_config({**_base(), "rollout": {"mismatch_correction": "icepop", "icepop_bounds": [0.4, 3]}}
+                        ).rollout.icepop_bounds == (0.4, 3.0)
 
 
 @pytest.mark.parametrize("path", ["/some/missing/dir", "./missing", "missing/dir/deeper", "~/missing-tide-model"])

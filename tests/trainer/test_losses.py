@@ -312,17 +312,6 @@ def test_kl_ignores_placeholders_outside_the_mask():
     assert loss.item() == pytest.approx(math.exp(-0.1) - 1 + 0.1, rel=1e-5)
 
 
-def test_tis_weights_by_hand():
-    """min(pi_old / pi_rollout, C): ratios e^0.5 = 1.65, e^-1 = 0.37 and e^1 = 2.72, which C = 2 truncates."""
-    from trainer.losses import tis_weights
-
-    old = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
-    rollout = torch.tensor([[-1.5, -1.0, -1.5]])
-    w = tis_weights(old, rollout, cap=2.0)
-    assert w.tolist() == [pytest.approx([math.exp(0.5), math.exp(-1.0), 2.0])]
-    assert not w.requires_grad
-
-
 def test_tis_weighs_each_tokens_policy_gradient_by_hand():
     """grpo: each token's clipped term times w_t; kimi: -A sum_t w_t log pi_t, the regulariser unweighted."""
     logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)

@@ -14,7 +14,7 @@ import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import advantages, clip_counts, kl_estimate, masked_reference, policy_loss, tis_weights
+from trainer.losses import advantages, clip_counts, kl_estimate, masked_reference, policy_loss
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, kl_distribution, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
@@ -28,17 +28,17 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _behaviour_gaps(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
+def _behaviour_gaps(logp: torch.Tensor, mb: dict, old_recomputed: bool) -> torch.Tensor:
     """Per sequence of a micro-batch, the summed |trainer - engines| log-prob over its completion tokens: against
-    the engines' own log-probs (`rollout`) under truncated importance sampling, else against pi_old (the same
-    log-probs when the batch is fresh)."""
-    behaviour = (mb["old"] if tis_cap is None else mb["rollout"]).to(logp.device)
+    the engines' own log-probs (`rollout`) when pi_old was recomputed (mismatch correction), else against pi_old
+    (the same log-probs when the batch is fresh)."""
+    behaviour = (mb["rollout"] if old_recomputed else mb["old"]).to(logp.device)
     return ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum(-1)
 
 
-def _behaviour_gap(logp: torch.Tensor, mb: dict, tis_cap: float | None) -> torch.Tensor:
+def _behaviour_gap(logp: torch.Tensor, mb: dict, old_recomputed: bool) -> torch.Tensor:
     """The micro-batch's summed |trainer - engines| log-prob (see _behaviour_gaps)."""
-    return _behaviour_gaps(logp, mb, tis_cap).sum()
+    return _behaviour_gaps(logp, mb, old_recomputed).sum()
 
 
 class MegatronWorker:
@@ -226,11 +226,12 @@ class MegatronWorker:
             old = torch.tensor(rows(chosen, lambda s: s.old_logprobs), dtype=torch.float32)
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
+            is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights), dtype=torch.float32)
             routing = micro_batch_routing(
                 [seqs[i].routed_experts if i >= 0 else None for i in chosen],
                 [len(seq(i).prompt_ids) + len(seq(i).completion_ids) - 1 for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, routing=routing, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
+                            rollout=behaviour, is_weight=is_weight, routing=routing, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
                             adv=None if adv is None else torch.stack([adv[i] if i >= 0 else adv.new_zeros(())
                                                                       for i in chosen])))
         return mbs
@@ -349,9 +350,10 @@ class MegatronWorker:
         if bad is not None:
             raise ValueError(f"a sequence's loss_mask has {len(bad.loss_mask)} entries for "
                              f"{len(bad.completion_ids)} completion tokens")
-        if mode == "rl" and batch.tis_cap is not None and any(len(s.rollout_logprobs) != len(s.completion_ids)
-                                                              for s in seqs):
-            raise ValueError("truncated importance sampling needs every sequence's rollout_logprobs")
+        if mode == "rl" and batch.old_recomputed and any(
+                len(s.rollout_logprobs) != len(s.completion_ids) or len(s.is_weights) != len(s.completion_ids)
+                for s in seqs):
+            raise ValueError("a mismatch correction needs every sequence's rollout_logprobs and is_weights")
         from trainer.megatron.routing_replay import RoutingPass
 
         dist = batch.distribution if mode == "rl" else TokenDistribution()
@@ -366,7 +368,7 @@ class MegatronWorker:
         # With replay, what it does is measured on the whole batch before any update: the gap to the rollout with
         # the rollout's routing and with the trainer's own (two forward passes; a mini-batch holds too few
         # sequences routed apart for the comparison to rise above bf16 rounding)
-        routing_stats = self._replay_comparison(seqs, seq_len, dist, batch.tis_cap) if routed and replay else {}
+        routing_stats = self._replay_comparison(seqs, seq_len, dist, batch.old_recomputed) if routed and replay else {}
         for epoch in range(epochs):  # each pass over the batch in a new seeded order
             order = list(range(len(seqs))) if shuffle is None else \
                 torch.randperm(len(seqs), generator=shuffle).tolist()
@@ -381,10 +383,10 @@ class MegatronWorker:
                 # rewarded sample). Kimi's losses pull towards pi_old even then: they always step. Every rank
                 # holds the whole batch's advantages: they all decide alike.
                 spec = self.loss_spec
-                signal = (mode != "rl" or spec.kind != "grpo" or bool(adv[chunk].any()) or spec.kl_coef > 0
-                          or spec.entropy_coef > 0)
+                signal = (mode != "rl" or spec.kind != "grpo" or spec.kl_coef > 0 or spec.entropy_coef > 0
+                          or any(adv[i] != 0 and seqs[i].trained_tokens > 0 for i in chunk))
                 step_stats, grad_norm, counts = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist,
-                                                                     batch.tis_cap, how, step=signal)
+                                                                     batch.old_recomputed, how, step=signal)
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
@@ -420,14 +422,14 @@ class MegatronWorker:
         return float(rates.pop())
 
     def _replay_comparison(self, seqs: list[TrainSequence], seq_len: int, dist: TokenDistribution,
-                           tis_cap: float | None) -> dict[str, float]:
+                           old_recomputed: bool) -> dict[str, float]:
         """With routing replay, before any update: the mean |trainer - rollout| log-prob over the whole batch
         with the rollout's routing (`behaviour_gap_replayed`) and with the trainer's own routers' choice
         (`behaviour_gap_unreplayed`); the sequences the two passes score differently (`replay_sequences_affected`:
         some token routed apart) and of those, how many replay brings closer to the rollout or farther; the
         routing metrics of the whole batch."""
-        replayed, replayed_counts = self._gap_pass(seqs, seq_len, dist, tis_cap, replay=True)
-        free, free_counts = self._gap_pass(seqs, seq_len, dist, tis_cap, replay=False)
+        replayed, replayed_counts = self._gap_pass(seqs, seq_len, dist, old_recomputed, replay=True)
+        free, free_counts = self._gap_pass(seqs, seq_len, dist, old_recomputed, replay=False)
         sums = torch.stack([replayed.sum(), free.sum(), (replayed != free).sum(), (replayed < free).sum(),
                             (replayed > free).sum()]).double()
         sums = self._sum_over_dp_on_last_stage(sums)
@@ -436,7 +438,7 @@ class MegatronWorker:
                 "replay_sequences_affected": int(sums[2]), "replay_sequences_closer": int(sums[3]),
                 "replay_sequences_farther": int(sums[4]), **self._routing_metrics(replayed_counts, free_counts)}
 
-    def _gap_pass(self, seqs: list[TrainSequence], seq_len: int, dist: TokenDistribution, tis_cap: float | None,
+    def _gap_pass(self, seqs: list[TrainSequence], seq_len: int, dist: TokenDistribution, old_recomputed: bool,
                   replay: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A forward of the whole batch with or without routing replay: each of this rank's sequences' summed
         |trainer - rollout| log-prob (empty off the last pipeline stage) and this rank's routing counts."""
@@ -444,7 +446,7 @@ class MegatronWorker:
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
-            return output.new_zeros(()), {"gap": _behaviour_gaps(logp, mb, tis_cap).cpu()}
+            return output.new_zeros(()), {"gap": _behaviour_gaps(logp, mb, old_recomputed).cpu()}
 
         from trainer.megatron.routing_replay import RoutingPass
 
@@ -472,13 +474,15 @@ class MegatronWorker:
                 "routed_tokens": int(both[1, routing_replay.COUNTS.index("given")])}
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
-                        mode: str, dist: TokenDistribution, tis_cap: float | None,
+                        mode: str, dist: TokenDistribution, old_recomputed: bool,
                         routing: RoutingPass | None = None, step: bool = True
                         ) -> tuple[torch.Tensor, float, torch.Tensor]:
         """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step; with
         `step` false, the forward only (its statistics; a gradient nobody applies is not computed)."""
         dp = self.ps.get_data_parallel_world_size()
-        n_seqs, n_tokens = len(chunk), sum(seqs[i].trained_tokens for i in chunk)
+        # a sequence the mismatch correction left out whole (trained_tokens 0) counts in no denominator
+        n_seqs = sum(1 for i in chunk if seqs[i].trained_tokens > 0)
+        n_tokens = sum(seqs[i].trained_tokens for i in chunk)
         mbs = self._micro_batches(seqs, chunk, adv, seq_len)
         # Each micro-batch's loss is its part of the mini-batch objective (normalised by the mini-batch's
         # counts); the schedule divides by the number of micro-batches and DDP averages over data-parallel
@@ -501,11 +505,11 @@ class MegatronWorker:
                 kl_logp = None
                 if ref is not None:  # the KL term's distribution: the whole tempered vocabulary (kl_distribution)
                     kl_logp = self._token_logprobs(output, mb, kl_distribution(dist))[0] if dist.truncates else logp
-                w = None if tis_cap is None else tis_weights(old, mb["rollout"].to(logp.device), tis_cap)
+                w = mb["is_weight"].to(logp.device) if old_recomputed else None
                 loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent,
                                    kl_logp=kl_logp)
                 sq = (((logp - old) ** 2) * mask).sum()
-                gap = _behaviour_gap(logp, mb, tis_cap)
+                gap = _behaviour_gap(logp, mb, old_recomputed)
                 if ref is not None:
                     ref = masked_reference(kl_logp, ref, mask)
                     kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask).sum()
