@@ -120,8 +120,8 @@ def run_iterations(s: Session) -> None:
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
                         f"loss {train['loss']:+.4f}  gap {gap:.2e}")
-            for name, gap in probe.items():
-                check_logprob_gap(it, gap, gap_bound, PROBE_BATCHES[name], bound_origin)
+            for name, probe_gap in probe.items():
+                check_logprob_gap(it, probe_gap, gap_bound, PROBE_BATCHES[name], bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")
