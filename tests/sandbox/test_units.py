@@ -105,6 +105,7 @@ def test_judge_driver_gives_a_case_whose_exit_status_was_lost_an_re_never_a_pass
 
 def test_session_reader_waits_on_descriptors_past_1024():
     """A service with hundreds of sessions holds more than 1024 descriptors; select() cannot watch those."""
+    import fcntl
     import json
     import os
     import resource
@@ -121,9 +122,10 @@ def test_session_reader_waits_on_descriptors_past_1024():
     r, w = os.pipe()
     child = subprocess.Popen(["sleep", "30"])
     pidfd = os.pidfd_open(child.pid)
-    high_r, high_pid = 1500, 1501
-    os.dup2(r, high_r)
-    os.dup2(pidfd, high_pid)
+    # copies at free descriptors from 1500 up (F_DUPFD never takes one in use: dup2 onto a fixed number closed
+    # whatever this worker held there, such as a pooled connection of the session's sandbox client)
+    high_r, high_pid = fcntl.fcntl(r, fcntl.F_DUPFD, 1500), fcntl.fcntl(pidfd, fcntl.F_DUPFD, 1500)
+    assert min(high_r, high_pid) >= 1500
     try:
         body = json.dumps({"id": "x", "stdout": "hi"}).encode()
         os.write(w, struct.pack("<I", len(body)) + body)
