@@ -24,8 +24,14 @@ class SandboxClient:
         self.url = url.rstrip("/")
         self.retries, self.backoff_s = retries, backoff_s
         self._max_batch: int | None = None
+        # No pool limits: the client is shared by as many threads as a rollout has trajectories, and httpcore 1.0.9
+        # closes an idle connection whenever the pool holds more connections than max_keepalive_connections (it
+        # counts all of them as idle), also one it just handed to a waiting request: that request then reads a
+        # closed socket (EBADF) or waits out its timeout (encode/httpcore#1110). Seen here with 64 threads on the
+        # default limits (20 kept alive). Unlimited, no connection is closed under a request.
         self._http = httpx.Client(base_url=self.url, headers=headers,
-                                  timeout=httpx.Timeout(timeout_s, connect=5.0))
+                                  timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
 
     def close(self) -> None:
         self._http.close()
