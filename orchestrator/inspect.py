@@ -12,15 +12,18 @@ from rich.table import Table
 
 from orchestrator.rundir import RunDir, read_jsonl
 
-PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "reward",
-               "old_logprobs", "reference", "train", "publish", "sync", "eval", "checkpoint"]
+PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "rollout_ahead",
+               "reward", "old_logprobs", "reference", "train", "publish", "drain", "sync", "eval", "checkpoint"]
+# Timed while other phases ran (rollout.max_staleness 1: the next batch sampled during train and publish): shown,
+# but outside the total the shares divide
+OVERLAPPED = {"rollout_ahead"}
 
 
 def phase_table(timings: list[dict]) -> list[dict]:
     by_phase: dict[str, list[float]] = defaultdict(list)
     for r in timings:
         by_phase[r["phase"]].append(r["seconds"])
-    total = sum(sum(v) for v in by_phase.values()) or 1.0
+    total = sum(sum(v) for p, v in by_phase.items() if p not in OVERLAPPED) or 1.0
     order = sorted(by_phase, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER), p))
     return [{"phase": p, "count": len(by_phase[p]), "median_s": statistics.median(by_phase[p]),
              "total_s": sum(by_phase[p]), "share": sum(by_phase[p]) / total} for p in order]

@@ -1,6 +1,9 @@
 """One RL iteration after another: rollout -> reward -> [old / reference log-probs] -> train -> publish -> sync
-(-> eval) (-> checkpoint)."""
+(-> eval) (-> checkpoint). With rollout.max_staleness 1 the next iteration's rollout runs from the end of this
+one's to its sync (orchestrator/scheduler.py)."""
 from __future__ import annotations
+
+import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -14,7 +17,9 @@ from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, check_
 from orchestrator.mismatch import use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
+from orchestrator.scheduler import Drawn, RolloutScheduler
 from orchestrator.sample_metrics import sample_metrics, sample_records
+from orchestrator.rundir import PhaseRecord
 from orchestrator.session import Session, console
 from rollout.tasks import Problem
 from trainer.lr_schedule import lr_at
@@ -37,6 +42,11 @@ def replay_gaps(train: dict) -> dict[str, float]:
             if f"behaviour_gap_{how}" in train}
 
 
+def staleness_metrics(drawn: Drawn) -> dict[str, float]:
+    """The batch's staleness (policy versions between its sampler and its trainer) and that sampler."""
+    return {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
+
+
 def sampling_seed(seed: int, iteration: int) -> int:
     return (seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
 
@@ -50,23 +60,38 @@ def rollout(s: Session, problems: list[Problem], seed: int, version: int) -> Rol
     return s.agent.rollout(engine_turns(s.rollout, s.sampling), problems, r.n_samples, seed, version)
 
 
+def draw(s: Session, iteration: int, version: int) -> Drawn:
+    """Iteration `iteration`'s batch, sampled by the engines, which serve policy `version`."""
+    r = s.cfg.rollout
+    problems, rendering = s.task.rendered_problems(s.cfg.seed, iteration, r.prompts_per_iteration)
+    if not problems:
+        raise RuntimeError(f"iteration {iteration}: all {r.prompts_per_iteration} prompts are longer than "
+                           f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
+    started, t0 = time.time(), time.perf_counter()
+    rolled = rollout(s, problems, sampling_seed(s.cfg.seed, iteration), version)
+    return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0)
+
+
 def run_iterations(s: Session) -> None:
     cfg, run, r, t = s.cfg, s.run, s.cfg.rollout, s.cfg.trainer
+    scheduler = RolloutScheduler(lambda it, version: draw(s, it, version), r.max_staleness, s.start_iteration,
+                                 cfg.iterations)
+    scheduler.load_ahead(run.latest_checkpoint() if s.start_iteration else None)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+                  console=console) as progress, scheduler:
         bar = progress.add_task(cfg.name, total=cfg.iterations, completed=s.start_iteration)
         manifest = None
         held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
         gap_bound, bound_origin = r.logprob_gap_bound(cfg.model.dtype), r.logprob_gap_origin(cfg.model.dtype)
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
-            problems, rendering = s.task.rendered_problems(cfg.seed, it, r.prompts_per_iteration)
-            if not problems:
-                raise RuntimeError(f"iteration {it}: all {r.prompts_per_iteration} prompts are longer than "
-                                   f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
             with run.phase(it, "rollout") as rec:
                 progress.update(bar, description=f"{cfg.name} · rollout")
-                rolled = rollout(s, problems, sampling_seed(cfg.seed, it), version=it - 1)
+                drawn = scheduler.take(it)  # drawn now, or (max_staleness 1) while the last iteration trained
+                problems, rendering, rolled = drawn.problems, drawn.rendering, drawn.rolled
                 samples, rec["parts"] = rolled.samples, rolled.parts
+            if drawn.staleness():  # its sampling, timed while the last iteration trained
+                run.record_phase(PhaseRecord(it, "rollout_ahead", drawn.started, drawn.seconds, parts=rolled.parts))
+            scheduler.ahead(it)  # max_staleness 1: the next batch is sampled while this one trains
             with run.phase(it, "reward"):
                 steps = t.updates_per_iteration * t.epochs  # what TRL's trainer_state counts: optimizer steps
                 scored = episode_rewards(samples) if s.agent and s.agent.scores_itself else reward_phase(
@@ -86,17 +111,23 @@ def run_iterations(s: Session) -> None:
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
-            # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included
+            # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included; a
+            # stale batch's is no check (its sampler was an older policy, whose engines the probe checked)
             gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
-            check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if s.mismatch_correction
-                              else "the first mini-batch, before its update", bound_origin)
+            if drawn.staleness() == 0:
+                check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if s.mismatch_correction
+                                  else "the first mini-batch, before its update", bound_origin)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
+            if scheduler.max_staleness:
+                with run.phase(it, "drain"):  # the batch drawn ahead finishes on the weights it started on
+                    scheduler.drain()
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
                 delivery = s.sync(manifest)
                 rec["bytes"] = manifest.nbytes
+            scheduler.synced(it)
             probe = {}
             if probe_due(r.probe_interval, it):
                 with run.phase(it, "probe"):
@@ -115,7 +146,8 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **mismatch,
-                             "logprob_gap": gap, **replay_gaps(train), **probe, "samples": len(samples),
+                             "logprob_gap" if drawn.staleness() == 0 else "stale_logprob_gap": gap,
+                             **replay_gaps(train), **probe, "samples": len(samples), **staleness_metrics(drawn),
                              **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
@@ -125,7 +157,7 @@ def run_iterations(s: Session) -> None:
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")
-                    save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints)
+                    save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints, also=scheduler.save_ahead)
             progress.update(bar, advance=1, description=cfg.name)
     run.write_final(cfg.iterations, s.trainer.parameter_digests())
     # the weights the engines served last, outside shared memory (published again if no iteration ran here)

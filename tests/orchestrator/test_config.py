@@ -181,6 +181,18 @@ def test_mismatch_correction_fields_are_validated():
                         ).rollout.icepop_bounds == (0.4, 3.0)
 
 
+def test_max_staleness_needs_a_correction_and_the_probe():
+    with pytest.raises(ConfigError, match="rollout.max_staleness 1 trains on samples of an older policy: set "
+                                          "rollout.mismatch_correction"):
+        parse_config({**_base(), "rollout": {"max_staleness": 1}})
+    with pytest.raises(ConfigError, match="rollout.probe_every 0 turns it off"):
+        parse_config({**_base(), "rollout": {"max_staleness": 1, "mismatch_correction": "tis", "probe_every": 0}})
+    with pytest.raises(ConfigError, match="rollout.max_staleness"):
+        parse_config({**_base(), "rollout": {"max_staleness": 2, "mismatch_correction": "tis"}})
+    cfg = parse_config({**_base(), "rollout": {"max_staleness": 1, "mismatch_correction": "icepop"}})
+    assert cfg.rollout.probe_interval == 1  # one engine: lockstep never probes, max_staleness 1 after every sync
+
+
 @pytest.mark.parametrize("path", ["/some/missing/dir", "./missing", "missing/dir/deeper", "~/missing-tide-model"])
 def test_missing_local_model_path_is_refused_by_name(path):
     """Never sent to the hub as a repo id: a path that looks local and does not exist names model.path."""

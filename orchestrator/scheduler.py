@@ -1,0 +1,121 @@
+"""Which policy version samples each iteration's batch, and when (`rollout.max_staleness`).
+
+Versions: policy v is the trainer after v iterations' updates; the engines serve v from the sync of iteration v
+on (0: the initial weights). A batch trained at iteration t is trained by policy t - 1; its staleness is
+t - 1 - (the version that sampled it).
+
+- `max_staleness: 0` (lockstep): iteration t's batch is sampled at the start of iteration t, by policy t - 1.
+- `max_staleness: 1` (one-step overlap: IMPALA's actor-learner split with one step of lag, Espeholt et al. 2018,
+  arXiv:1802.01561; slime's and veRL's one-step off-policy modes): iteration t + 1's batch is sampled while
+  iteration t trains and publishes, by the engines still serving policy t - 1. Before the sync of iteration t
+  the engines finish it (drain, then load: no request is aborted and every token of a batch comes from one
+  version), so the batch is trained at iteration t + 1 by policy t on samples of policy t - 1: staleness 1,
+  never more. The first batch is sampled in lockstep (staleness 0).
+
+The schedule is a function of the config and the iteration, never of timing; the batch drawn ahead is saved with
+each checkpoint (`save_ahead` / `load_ahead`), so that a resumed run trains on the very batch the uninterrupted run
+trained on (`deterministic: true`: exactly)."""
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.agent_rollout import Rollout
+from rollout.tasks import Problem
+
+AHEAD_FILE = "drawn_ahead.pkl"  # in a checkpoint directory: the batch drawn ahead for the next iteration
+
+
+@dataclass
+class Drawn:
+    """An iteration's batch: its problems (and what rendering them skipped or cut), the rollout, the policy
+    version that sampled it and when and for how long it was sampled."""
+
+    iteration: int
+    problems: list[Problem]
+    rendering: object  # orchestrator.prompts.RenderCounts
+    rolled: Rollout
+    version: int
+    started: float  # time.time()
+    seconds: float
+
+    def staleness(self) -> int:
+        return self.iteration - 1 - self.version
+
+
+class RolloutScheduler:
+    """`draw(iteration, version)` samples an iteration's batch on the engines (which serve `version`); the loop
+    asks for each iteration's batch (`take`), lets the next one be drawn ahead while it trains (`ahead`), and
+    has the engines finish it before their weights change (`drain`, then `synced`)."""
+
+    def __init__(self, draw: Callable[[int, int], Drawn], max_staleness: int, served_version: int,
+                 last_iteration: int) -> None:
+        if max_staleness not in (0, 1):
+            raise ValueError(f"rollout.max_staleness {max_staleness}: 0 (lockstep) or 1 (one-step overlap)")
+        self._draw, self.max_staleness, self.served = draw, max_staleness, served_version
+        self.last_iteration = last_iteration
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tide-rollout-ahead") if max_staleness else None
+        self._ahead: Future[Drawn] | None = None
+        self._ready: Drawn | None = None  # drawn ahead and finished (drained, or loaded from a checkpoint)
+
+    def take(self, iteration: int) -> Drawn:
+        """The batch iteration `iteration` trains on: the one drawn ahead, or drawn now (lockstep, first)."""
+        if self._ahead is not None:
+            self.drain()
+        drawn, self._ready = self._ready, None
+        if drawn is None or drawn.iteration != iteration:
+            drawn = self._draw(iteration, self.served)
+        return drawn
+
+    def ahead(self, iteration: int) -> None:
+        """Start drawing the next iteration's batch on the engines' current weights (max_staleness 1)."""
+        nxt = iteration + 1
+        if self._pool is None or nxt > self.last_iteration or self._ahead or self._ready:
+            return
+        self._ahead = self._pool.submit(self._draw, nxt, self.served)
+
+    def drain(self) -> float:
+        """Wait until the batch drawn ahead is finished (before the engines' weights change); the seconds
+        waited."""
+        if self._ahead is None:
+            return 0.0
+        t0 = time.perf_counter()
+        future, self._ahead = self._ahead, None
+        self._ready = future.result()
+        return time.perf_counter() - t0
+
+    def synced(self, version: int) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("the engines' weights changed while a batch was being drawn: drain first")
+        self.served = version
+
+    def save_ahead(self, checkpoint_dir: Path) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("a checkpoint is taken between a drain and the next iteration")
+        if self._ready is not None:
+            (checkpoint_dir / AHEAD_FILE).write_bytes(pickle.dumps(self._ready))
+
+    def load_ahead(self, checkpoint_dir: Path | None) -> None:
+        path = None if checkpoint_dir is None else checkpoint_dir / AHEAD_FILE
+        if self.max_staleness and path is not None and path.is_file():
+            self._ready = pickle.loads(path.read_bytes())
+
+    def __enter__(self) -> "RolloutScheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let a batch still being drawn finish (the engines are stopped after this), then stop the thread."""
+        if self._pool is None:
+            return
+        try:
+            if self._ahead is not None:
+                self._ahead.exception()
+        finally:
+            self._pool.shutdown(wait=True)

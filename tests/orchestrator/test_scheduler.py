@@ -1,0 +1,107 @@
+"""The rollout schedule (orchestrator/scheduler.py): which policy version samples each iteration's batch, that a
+batch drawn ahead is finished before the engines' weights change, and that it survives a checkpoint."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from orchestrator.agent_rollout import Rollout
+from orchestrator.scheduler import Drawn, RolloutScheduler
+
+
+class Engines:
+    """A stand-in for the engines: records which iteration was drawn on which version, and on which thread."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls: list[tuple[int, int, bool]] = []
+        self.fail_at = fail_at
+        self.release = threading.Event()
+        self.release.set()
+
+    def draw(self, iteration: int, version: int) -> Drawn:
+        self.release.wait(10)
+        if iteration == self.fail_at:
+            raise RuntimeError(f"engine died drawing iteration {iteration}")
+        self.calls.append((iteration, version, threading.current_thread() is threading.main_thread()))
+        return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0)
+
+
+def _run(scheduler: RolloutScheduler, first: int, last: int) -> list[tuple[int, int]]:
+    """The loop's calls, iteration by iteration: take, ahead, (train, publish), drain, sync."""
+    trained = []
+    for it in range(first, last + 1):
+        drawn = scheduler.take(it)
+        scheduler.ahead(it)
+        trained.append((drawn.iteration, drawn.staleness()))
+        scheduler.drain()
+        scheduler.synced(it)
+    return trained
+
+
+def test_lockstep_draws_each_batch_on_the_policy_it_trains():
+    engines = Engines()
+    with RolloutScheduler(engines.draw, 0, 0, 4) as scheduler:
+        assert _run(scheduler, 1, 4) == [(1, 0), (2, 0), (3, 0), (4, 0)]
+    assert engines.calls == [(1, 0, True), (2, 1, True), (3, 2, True), (4, 3, True)]
+
+
+def test_one_step_overlap_draws_the_next_batch_on_the_previous_policy_in_the_background():
+    engines = Engines()
+    with RolloutScheduler(engines.draw, 1, 0, 4) as scheduler:
+        assert _run(scheduler, 1, 4) == [(1, 0), (2, 1), (3, 1), (4, 1)]
+    # batch 1 drawn now on policy 0; batch t + 1 drawn during iteration t on the policy the engines still serve,
+    # t - 1; nothing beyond the last iteration
+    assert engines.calls == [(1, 0, True), (2, 0, False), (3, 1, False), (4, 2, False)]
+
+
+def test_the_weights_never_change_under_a_batch_being_drawn():
+    engines = Engines()
+    with RolloutScheduler(engines.draw, 1, 0, 3) as scheduler:
+        scheduler.take(1)
+        engines.release.clear()  # the engines are busy with batch 2
+        scheduler.ahead(1)
+        with pytest.raises(RuntimeError, match="drain first"):
+            scheduler.synced(1)
+        with pytest.raises(RuntimeError, match="between a drain and the next iteration"):
+            scheduler.save_ahead(None)
+        engines.release.set()
+        scheduler.drain()
+        scheduler.synced(1)
+        assert scheduler.take(2).version == 0
+
+
+def test_a_failed_background_draw_surfaces_at_the_drain():
+    engines = Engines(fail_at=2)
+    with RolloutScheduler(engines.draw, 1, 0, 3) as scheduler:
+        scheduler.take(1)
+        scheduler.ahead(1)
+        with pytest.raises(RuntimeError, match="engine died drawing iteration 2"):
+            scheduler.drain()
+
+
+def test_the_batch_drawn_ahead_survives_a_checkpoint(tmp_path):
+    """Killed after iteration 2's checkpoint and resumed: the same batches on the same versions as without."""
+    whole = Engines()
+    with RolloutScheduler(whole.draw, 1, 0, 4) as scheduler:
+        uninterrupted = _run(scheduler, 1, 4)
+    first = Engines()
+    with RolloutScheduler(first.draw, 1, 0, 4) as scheduler:
+        _run(scheduler, 1, 2)
+        scheduler.save_ahead(tmp_path)  # the loop checkpoints after the sync
+    second = Engines()
+    with RolloutScheduler(second.draw, 1, 2, 4) as scheduler:  # resumed: the engines serve policy 2
+        scheduler.load_ahead(tmp_path)
+        resumed = _run(scheduler, 3, 4)
+    assert uninterrupted == [(1, 0), (2, 1)] + resumed
+    assert [c[:2] for c in first.calls + second.calls] == [c[:2] for c in whole.calls]
+    # a lockstep run ignores a batch drawn ahead (another config's checkpoint) and one for another iteration
+    lockstep = Engines()
+    with RolloutScheduler(lockstep.draw, 0, 2, 4) as scheduler:
+        scheduler.load_ahead(tmp_path)
+        assert _run(scheduler, 3, 3) == [(3, 0)]
+
+
+def test_only_lockstep_and_one_step_overlap():
+    with pytest.raises(ValueError, match="max_staleness 2: 0 .lockstep. or 1"):
+        RolloutScheduler(Engines().draw, 2, 0, 3)
