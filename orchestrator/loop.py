@@ -17,9 +17,9 @@ from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, check_
 from orchestrator.mismatch import use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
-from orchestrator.scheduler import Drawn, RolloutScheduler
-from orchestrator.sample_metrics import sample_metrics, sample_records
 from orchestrator.rundir import PhaseRecord
+from orchestrator.sample_metrics import sample_metrics, sample_records
+from orchestrator.scheduler import Drawn, RolloutScheduler
 from orchestrator.session import Session, console
 from rollout.tasks import Problem
 from trainer.lr_schedule import lr_at

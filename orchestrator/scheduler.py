@@ -18,7 +18,6 @@ trained on (`deterministic: true`: exactly)."""
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,15 +77,11 @@ class RolloutScheduler:
             return
         self._ahead = self._pool.submit(self._draw, nxt, self.served)
 
-    def drain(self) -> float:
-        """Wait until the batch drawn ahead is finished (before the engines' weights change); the seconds
-        waited."""
-        if self._ahead is None:
-            return 0.0
-        t0 = time.perf_counter()
-        future, self._ahead = self._ahead, None
-        self._ready = future.result()
-        return time.perf_counter() - t0
+    def drain(self) -> None:
+        """Wait until the batch drawn ahead is finished (before the engines' weights change)."""
+        if self._ahead is not None:
+            future, self._ahead = self._ahead, None
+            self._ready = future.result()
 
     def synced(self, version: int) -> None:
         if self._ahead is not None:

@@ -133,8 +133,7 @@ class RolloutConfig(EngineConfig):
     probe_every: int | None = Field(
         None, ge=0, description="After every probe_every-th sync, each engine samples fixed probe prompts that "
         "the trainer rescores (the same bound); null: after every sync with several engines or max_staleness 1, "
-        "never with one engine in lockstep; 0: "
-        "never.")
+        "never with one engine in lockstep; 0: never.")
     probe_prompts: int = Field(8, gt=0, description="Prompts in the probe batch.")
     mismatch_correction: Literal["none", "tis", "mis", "icepop"] = Field(
         "none", description="How the trainer corrects for sampling by the engines (pi_rollout: bfloat16, other "

@@ -36,9 +36,9 @@ from orchestrator.rundir import read_jsonl  # noqa: E402
 ROLLOUT = "rollout"
 
 
-def _tree_cpu(root: psutil.Process, engines: set[int], trainers: set[int]) -> dict[str, dict[int, float]]:
-    """CPU seconds (user + system) of each live process under `root`, by role."""
-    out: dict[str, dict[int, float]] = {"engine": {}, "trainer": {}, "other": {}}
+def _tree_cpu(root: psutil.Process, engines: set[int], trainers: set[int]) -> dict[int, tuple[str, float]]:
+    """Per live process under `root`: its role and CPU seconds (user + system)."""
+    out: dict[int, tuple[str, float]] = {}
     try:
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -49,7 +49,7 @@ def _tree_cpu(root: psutil.Process, engines: set[int], trainers: set[int]) -> di
         except psutil.Error:
             continue
         role = "engine" if p.pid in engines else "trainer" if p.pid in trainers else "other"
-        out[role][p.pid] = t.user + t.system
+        out[p.pid] = (role, t.user + t.system)
     return out
 
 
@@ -66,16 +66,14 @@ def measure(config: Path, overrides: list[str], interval: float, run_dir: Path) 
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     cpu = defaultdict(lambda: defaultdict(float))  # (iteration, phase) -> role -> CPU seconds
-    last: dict[str, dict[int, float]] = {"engine": {}, "trainer": {}, "other": {}}
+    last: dict[int, tuple[str, float]] = {}
     try:
         while proc.poll() is None:
             status = _status(run_dir)
             now = _tree_cpu(root, set(status.get("engine_pids") or []), set(status.get("trainer_pids") or []))
             key = (status.get("iteration", 0), status.get("phase", "startup"))
-            for role, per_pid in now.items():
-                for pid, seconds in per_pid.items():
-                    before = next((last[r][pid] for r in last if pid in last[r]), 0.0)
-                    cpu[key][role] += max(0.0, seconds - before)
+            for pid, (role, seconds) in now.items():
+                cpu[key][role] += max(0.0, seconds - last.get(pid, (role, 0.0))[1])
             last = now
             time.sleep(interval)
     except BaseException:
