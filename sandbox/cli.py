@@ -55,11 +55,13 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
     try:
         import uvicorn
 
+        from .client import SERVER_KEEPALIVE_S
         from .service import create_app
 
         web = create_app(runtime, token=cfg.token, max_request_bytes=cfg.max_request_bytes)
         uvicorn.run(web, host=host, port=port, log_level=log_level, access_log=False,
-                    limit_concurrency=4 * (cfg.pool_size + cfg.max_queue) + 64, timeout_graceful_shutdown=30)
+                    limit_concurrency=4 * (cfg.pool_size + cfg.max_queue) + 64, timeout_graceful_shutdown=30,
+                    timeout_keep_alive=SERVER_KEEPALIVE_S)  # longer than clients keep idle connections
     finally:
         runtime.close()
 

@@ -11,6 +11,10 @@ from .models import (BatchResult, Health, Limits, RunRequest, RunResult, Session
                      SessionRun)
 
 
+KEEPALIVE_S = 2.0  # an idle connection's life in the client's pool; the service keeps one for SERVER_KEEPALIVE_S
+SERVER_KEEPALIVE_S = 30.0
+
+
 class SandboxError(RuntimeError):
     pass
 
@@ -29,9 +33,14 @@ class SandboxClient:
         # counts all of them as idle), also one it just handed to a waiting request: that request then reads a
         # closed socket (EBADF) or waits out its timeout (encode/httpcore#1110). Seen here with 64 threads on the
         # default limits (20 kept alive). Unlimited, no connection is closed under a request.
+        # An idle connection is dropped here after KEEPALIVE_S, before the server may close it (uvicorn's default
+        # is 5 s, as httpx's expiry is): with equal timeouts a request sent on a connection the server is closing
+        # at that moment gets "Server disconnected without sending a response", and a stateful request (opening
+        # a session, a cell) cannot be retried after that, since it might have run.
         self._http = httpx.Client(base_url=self.url, headers=headers,
                                   timeout=httpx.Timeout(timeout_s, connect=5.0),
-                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                                                      keepalive_expiry=KEEPALIVE_S))
 
     def close(self) -> None:
         self._http.close()

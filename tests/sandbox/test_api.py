@@ -13,6 +13,29 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 POOL, QUEUE = 4, 8  # as started by conftest
 
 
+def test_the_service_keeps_an_idle_connection_longer_than_the_client_does(service):
+    """A request sent on a kept-alive connection at the moment the server closes it for idling is lost ("Server
+    disconnected without sending a response") and, opening a session or running a cell, cannot be retried. The
+    client drops idle connections after KEEPALIVE_S; the service keeps one well past that (uvicorn's default, 5 s,
+    equal to httpx's, was the race): an idle connection still answers after 6 s."""
+    import http.client
+
+    from sandbox.client import KEEPALIVE_S
+
+    host, port = service.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for idle in (0.0, 6.0):
+            time.sleep(idle)  # the connection idles, as one in the client's pool may for up to KEEPALIVE_S
+            conn.request("GET", "/health")
+            r = conn.getresponse()
+            assert r.status == 200 and r.read()
+            assert conn.sock is not None, "the service closed the connection after answering"
+        assert KEEPALIVE_S < 6.0
+    finally:
+        conn.close()
+
+
 def test_health_schema_metrics(client, service):
     h = client.health()
     assert h.status == "ok" and h.slots == POOL and h.cgroup_mode in ("v1", "hybrid", "v2")
