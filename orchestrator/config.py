@@ -142,6 +142,25 @@ class LoggingConfig(Strict):
         return value
 
 
+class PlacementConfig(Strict):
+    mode: Literal["colocated", "disaggregated"] | None = Field(
+        None, description="`colocated`: the engines and the trainer ranks take turns on the same CPU cores (each "
+        "phase gets them all); `disaggregated`: they get disjoint cores on CPU (placement.rollout_cpus for the "
+        "engines, the rest for the ranks), disjoint GPUs on cuda, so that a rollout overlapping training "
+        "(rollout.max_staleness 1) runs beside it instead of on its cores. null: colocated on CPU, "
+        "disaggregated where trainer or engines use GPUs (sharing a GPU between them is not built).")
+    rollout_cpus: int | None = Field(None, ge=1, description="Disaggregated on CPU: how many of the host's cores "
+                                     "the engines get (the first ones; the trainer ranks get the others); null: "
+                                     "half of them.")
+
+    @model_validator(mode="after")
+    def _cpus_only_when_disaggregated(self) -> "PlacementConfig":
+        if self.rollout_cpus is not None and self.mode != "disaggregated":
+            raise ValueError("placement.rollout_cpus splits the cores of placement.mode disaggregated: set the mode "
+                             "or remove rollout_cpus")
+        return self
+
+
 class TideConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="The run's name; the run directory defaults to "
                       "runs/<name> under the working directory.")
@@ -168,6 +187,8 @@ class TideConfig(Strict):
                                    "optimizer, supervised warm start.")
     rollout: RolloutConfig = Field(RolloutConfig(), description="The vLLM engines and what each rollout phase "
                                    "samples.")
+    placement: PlacementConfig = Field(PlacementConfig(), description="Whether engines and trainer ranks share "
+                                       "cores (or GPUs) or get their own.")
     publish: PublishConfig = Field(PublishConfig(), description="Where each iteration's weights are published "
                                    "as Hugging Face shards in shared memory.")
     transfer: WeightTransferConfig = Field(WeightTransferConfig(), description="Moving published weights to "
@@ -207,6 +228,16 @@ class TideConfig(Strict):
                 raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "
                                  f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
                                  f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
+            gpus = "cuda" in (self.trainer.device, r.device)
+            if gpus and self.placement.mode == "colocated":
+                raise ValueError("placement.mode colocated: engines and trainer ranks sharing GPUs is not built; on "
+                                 "cuda they get their own GPUs (placement.mode disaggregated, the default there)")
+            if not gpus and self.placement.mode == "disaggregated" and "VLLM_CPU_OMP_THREADS_BIND" in r.extra_env:
+                raise ValueError("rollout.extra_env.VLLM_CPU_OMP_THREADS_BIND and placement.mode disaggregated both "
+                                 "choose the engines' cores: remove one")
+            if gpus and self.placement.rollout_cpus is not None:
+                raise ValueError("placement.rollout_cpus splits CPU cores; with GPUs engines and ranks get their own "
+                                 "GPUs: remove it")
             if self.agent is not None:
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
@@ -222,7 +253,7 @@ class TideConfig(Strict):
 
 
 # Sections that configure the LLM loop (engine: megatron) and mean nothing to the JAX engine.
-LLM_SECTIONS = frozenset({"ray", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox",
+LLM_SECTIONS = frozenset({"ray", "placement", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox",
                           "eval", "agent", "rewards", "reward_timeout_s"})
 
 

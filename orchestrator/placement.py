@@ -4,12 +4,16 @@ On GPUs two placement groups are reserved before anything starts: the trainer's 
 node (STRICT_PACK: the ranks publish into that node's shared memory, which its node agent serves), then one
 bundle of `rollout.tp` GPUs per engine (PACK: as few nodes as fit). Engine k and rollout node agent k (which
 pulls each iteration into that node's shared memory, where engine k loads it) are both scheduled into bundle
-k, so they share a node; the source agent runs on the trainer's node. On CPU (one machine, the embedded
-default) nothing is pinned and nothing is reserved."""
+k, so they share a node; the source agent runs on the trainer's node. On GPUs engines and ranks never share a GPU
+(placement.mode disaggregated). On CPU (one machine, the embedded default) nothing is reserved: colocated, the
+phases take turns on all the host's cores; disaggregated, the engines' compute threads are bound to the first
+placement.rollout_cpus cores (vLLM's VLLM_CPU_OMP_THREADS_BIND) and the trainer ranks' processes to the others
+(`pin_threads`), so a rollout drawn ahead (rollout.max_staleness 1) runs beside the train step, not on its cores."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ckpt_transfer import AgentPlacement
 from rollout.config import RolloutConfig
@@ -18,16 +22,27 @@ from trainer.config import TrainerConfig
 PLACEMENT_TIMEOUT_S = 600
 
 
+Mode = Literal["colocated", "disaggregated"]
+
+
 @dataclass
 class Placement:
     trainer: Any = None  # Ray placement groups, or None: no pinning
     engines: Any = None
+    trainer_cpus: tuple[int, ...] | None = None  # disaggregated on CPU: the cores of the ranks, and of the engines
+    engine_cpus: tuple[int, ...] | None = None
+    tp: int = 1  # each engine's TP workers: one OpenMP core group each
 
     @classmethod
-    def reserve(cls, trainer: TrainerConfig, rollout: RolloutConfig) -> "Placement":
+    def reserve(cls, trainer: TrainerConfig, rollout: RolloutConfig, mode: Mode | None = None,
+                rollout_cpus: int | None = None) -> "Placement":
         """Reserve (and wait for) the GPUs of the trainer ranks and of the engines; raise naming what does not
-        fit, with the free GPUs per node."""
-        placement = cls()
+        fit, with the free GPUs per node. Disaggregated on CPU: split this process's cores (`split_cpus`)."""
+        placement = cls(tp=rollout.tp)
+        if resolved_mode(mode, trainer, rollout) == "disaggregated" and "cuda" not in (trainer.device,
+                                                                                      rollout.device):
+            placement.engine_cpus, placement.trainer_cpus = split_cpus(
+                sorted(os.sched_getaffinity(0)), rollout_cpus, rollout)
         try:
             if trainer.device == "cuda":
                 placement.trainer = _reserve([{"GPU": 1}] * trainer.parallel.world, "STRICT_PACK",
@@ -41,6 +56,12 @@ class Placement:
             placement.release()
             raise
         return placement
+
+    def engine_env(self, extra_env: dict[str, str]) -> dict[str, str]:
+        """The engines' environment (rollout.extra_env) with their OpenMP threads bound to their cores."""
+        if self.engine_cpus is None:
+            return extra_env
+        return {**extra_env, "VLLM_CPU_OMP_THREADS_BIND": _omp_bind(self.engine_cpus, self.tp)}
 
     def trainer_rank(self, i: int) -> dict:
         """Ray actor options that put trainer rank i into its bundle."""
@@ -88,3 +109,29 @@ def _in_bundle(group: Any, index: int) -> dict:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+
+
+def resolved_mode(mode: Mode | None, trainer: TrainerConfig, rollout: RolloutConfig) -> Mode:
+    """placement.mode, null resolved: colocated on CPU, disaggregated where GPUs are used."""
+    return mode or ("disaggregated" if "cuda" in (trainer.device, rollout.device) else "colocated")
+
+
+def split_cpus(cpus: list[int], rollout_cpus: int | None,
+               rollout: RolloutConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the engines' cores, the trainer ranks' cores): the first `rollout_cpus` (null: half) and the others."""
+    n = len(cpus)
+    k = n // 2 if rollout_cpus is None else rollout_cpus
+    if n < 2 or not 1 <= k < n:
+        raise ValueError(f"placement.mode disaggregated splits this host's {n} usable core(s) between the engines "
+                         f"and the trainer ranks: placement.rollout_cpus must be 1 to {n - 1}, not {k}"
+                         if n >= 2 else f"placement.mode disaggregated needs 2 cores or more; this host has {n}")
+    if k < rollout.tp:
+        raise ValueError(f"placement.rollout_cpus {k}: each engine's rollout.tp {rollout.tp} workers need a core "
+                         f"each")
+    return tuple(cpus[:k]), tuple(cpus[k:])
+
+
+def _omp_bind(cpus: tuple[int, ...], tp: int) -> str:
+    """A VLLM_CPU_OMP_THREADS_BIND value giving each of `tp` workers an equal share of `cpus` ('0|1')."""
+    per = len(cpus) // tp
+    return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(tp))

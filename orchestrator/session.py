@@ -118,11 +118,16 @@ class Session:
             with startup("startup/ray"):
                 stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
-            placement = Placement.reserve(cfg.trainer, cfg.rollout)
+            try:
+                placement = Placement.reserve(cfg.trainer, cfg.rollout, cfg.placement.mode, cfg.placement.rollout_cpus)
+            except ValueError as e:  # a split of this host's cores that cannot be made
+                raise ConfigError(str(e)) from None
             stack.callback(placement.release)
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
-                group = RolloutGroup(dirs, cfg.rollout.engine_config(cfg.iterations), dtype=cfg.model.dtype,
+                engine = cfg.rollout.engine_config(cfg.iterations)
+                engine = engine.model_copy(update={"extra_env": placement.engine_env(engine.extra_env)})
+                group = RolloutGroup(dirs, engine, dtype=cfg.model.dtype,
                                      seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
                                      stop_token_ids=task.renderer.end_of_turn_ids(), placement=placement.engine)
                 stack.callback(group.shutdown)
@@ -137,7 +142,7 @@ class Session:
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
-                                       placement=placement.trainer_rank)
+                                       placement=placement.trainer_rank, cpus=placement.trainer_cpus)
             stack.callback(trainer.shutdown)
             weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace,

@@ -12,6 +12,7 @@ import ray
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from orchestrator.config import ConfigError
+from rollout.engine_proc import pin_threads
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
@@ -24,14 +25,19 @@ class _Rank:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int, threads: int | None = None) -> bool:
-        """`threads`: torch's intra-op threads (CPU ranks sharing a node's cores)."""
+    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int, threads: int | None = None,
+              cpus: tuple[int, ...] | None = None) -> bool:
+        """`threads`: torch's intra-op threads (CPU ranks sharing a node's cores); `cpus`: the cores this process
+        is bound to (placement.mode disaggregated on CPU), None: any."""
         import torch
 
         from trainer.megatron.worker import MegatronWorker
 
         if getattr(self, "worker", None) is not None:
             raise RuntimeError("this rank holds a worker already: release() it first")
+        if not hasattr(self, "_any_cpu"):
+            self._any_cpu = os.sched_getaffinity(0)
+        pin_threads(cpus or self._any_cpu)  # a pooled process may have been bound by its last group
         if threads:
             torch.set_num_threads(threads)
         self.worker = MegatronWorker(spec, rank, world, addr, port)
@@ -116,18 +122,20 @@ def _end(rank) -> None:
 
 class TrainerGroup:
     def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None,
-                 pool: RankPool | None = None):
+                 pool: RankPool | None = None, cpus: tuple[int, ...] | None = None):
         """`placement(i)`: Ray options placing rank i (orchestrator/placement.py); None: anywhere. `pool`:
-        borrow started rank processes from it (CPU, no placement) and hand them back at shutdown."""
+        borrow started rank processes from it (CPU, no placement) and hand them back at shutdown. `cpus`: the
+        host's cores the CPU ranks are bound to and share (placement.mode disaggregated); None: all of them, which
+        the ranks have to themselves while the engines idle."""
         check_routing_replay(spec)
         self.spec, self.timeout = spec, timeout_s
         self.world = spec.trainer.parallel.world
         device = spec.trainer.device
         threads = None
         if device == "cpu":
-            # The phases take turns (the engines idle while the trainer steps): the ranks share this node's
-            # cores.
-            threads = max(1, len(os.sched_getaffinity(0)) // self.world)
+            # Colocated, the phases take turns (the engines idle while the trainer steps): the ranks share this
+            # node's cores; disaggregated, the cores they are given.
+            threads = max(1, len(cpus or os.sched_getaffinity(0)) // self.world)
         if pool is not None and (device != "cpu" or placement is not None):
             raise ValueError("a RankPool serves CPU ranks placed anywhere on the driver's node")
         self._pool = pool
@@ -142,7 +150,8 @@ class TrainerGroup:
             self.ranks = [actor.options(**(placement(i) if placement else {})).remote() for i in range(self.world)]
         try:
             addr, port = self._get(self.ranks[0].address.remote())
-            self._get([r.setup.remote(spec, i, self.world, addr, port, threads) for i, r in enumerate(self.ranks)])
+            self._get([r.setup.remote(spec, i, self.world, addr, port, threads, cpus)
+                       for i, r in enumerate(self.ranks)])
             self.node, self.node_id = self._get(self.ranks[0].node.remote())
         except BaseException:
             for r in self.ranks:  # ranks that did start would otherwise wait forever for the others

@@ -39,7 +39,8 @@ from ckpt_transfer.verify import (
 
 from . import routing_capture
 from .config import EngineConfig
-from .engine_proc import DeathWatch, engine_segments, process_tree, remove_segments, sweep_private_dirs, wait_gone
+from .engine_proc import (DeathWatch, engine_segments, pin_threads, process_tree, remove_segments, sweep_private_dirs,
+                          wait_gone)
 from .samples import Sample, Samples
 from .tasks.base import Problem
 
@@ -119,6 +120,11 @@ def configure_env(cfg: EngineConfig) -> None:
     # ratio 1.01). Read when oneDNN makes its first primitive, which is after this in the engine's process.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     os.environ.update(cfg.extra_env)
+    chosen = named_cpus(cfg.extra_env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
+    if cfg.device == "cpu" and chosen:
+        # The engine's cores were chosen (placement.mode disaggregated, or by hand): its whole process runs there,
+        # scheduler and detokenizer threads and the processes it starts too, not only the OpenMP threads vLLM binds.
+        pin_threads(chosen)
     if "torch" in sys.modules:
         # An inline engine runs in this process, whose torch read TORCH_COMPILE_DISABLE when it was imported.
         import torch._dynamo
@@ -173,16 +179,22 @@ def _token_logprob(entry: Any, token: int) -> float:
     return float(entry[token].logprob)
 
 
+def named_cpus(binding: str) -> list[int] | None:
+    """The CPUs a VLLM_CPU_OMP_THREADS_BIND value names, all workers' groups together ('0,1|2-3': [0, 1, 2, 3]);
+    None when it names none ('auto', 'nobind', 'all')."""
+    cpus: list[int] = []
+    for part in binding.replace("|", ",").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return sorted(set(cpus))
+
+
 def bound_cpus(binding: str) -> list[int]:
     """The CPUs of the first worker's group in a VLLM_CPU_OMP_THREADS_BIND value ('0,1|2-3': [0, 1]); the
     CPUs this process may use when the value names none ('auto', 'nobind', 'all')."""
-    cpus: list[int] = []
-    for part in binding.split("|")[0].split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            return sorted(os.sched_getaffinity(0))
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
+    return named_cpus(binding.split("|")[0]) or sorted(os.sched_getaffinity(0))
 
 
 def _threads_bind(tp: int) -> str:

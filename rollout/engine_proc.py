@@ -6,6 +6,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable
 from multiprocessing import shared_memory
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -13,6 +14,16 @@ from pathlib import Path
 # vLLM's shared-memory broadcast queues (Python SharedMemory) and torch file stores. Only segments that
 # processes of one engine have mapped or opened are attributed to it.
 _SEGMENT_PREFIXES = ("psm_", "vllm_dist_")
+
+
+def pin_threads(cpus: Iterable[int]) -> None:
+    """Bind every thread of this process to `cpus`; the threads and processes it starts later inherit that."""
+    cpus = set(cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
 
 
 def process_tree(pid: int) -> list[int]:

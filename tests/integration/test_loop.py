@@ -39,7 +39,7 @@ def _config(name: str, address: str, **over) -> dict:
     for key, value in over.items():
         section, _, field = key.partition("__")
         if field:
-            cfg[section][field] = value
+            cfg.setdefault(section, {})[field] = value
         else:
             cfg[section] = value
     return cfg
@@ -186,15 +186,30 @@ def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_
 
 # max_staleness 1: the next batch drawn while an iteration trains; the trainer recomputes pi_old (TIS). An entropy
 # bonus moves the policy every step even where the tiny model earns no reward, so that staleness shows.
-ASYNC = {"rollout__max_staleness": 1, "rollout__mismatch_correction": "tis", "trainer__entropy_coef": 0.05}
+ASYNC = {"rollout__max_staleness": 1, "rollout__mismatch_correction": "tis", "trainer__entropy_coef": 0.05,
+         "placement__mode": "disaggregated"}
+
+
+def _threads_cpus(pid: int) -> set[tuple[int, ...]]:
+    """The CPUs each thread of process `pid` may run on, as a set of distinct CPU tuples."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add(tuple(sorted(os.sched_getaffinity(int(tid)))))
+        except ProcessLookupError:
+            pass
+    return out
 
 
 def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, address):
     """rollout.max_staleness 1: every batch after the first was sampled by the policy one update before the one
     that trains on it, never older, and the probe finds the engines on the trainer's weights after every sync; a
     run SIGKILLed after its iteration-2 checkpoint, while batch 4 is drawn ahead, resumes (batch 3 from the
-    checkpoint) to the uninterrupted run's metrics, samples and parameters."""
+    checkpoint) to the uninterrupted run's metrics, samples and parameters. Disaggregated: the engines run on the
+    first half of the cores, the trainer ranks on the others, every thread of theirs."""
+    from orchestrator.placement import split_cpus
     from orchestrator.rundir import read_jsonl
+    from rollout.config import RolloutConfig
 
     cfg = _write(tmp_path, _config("async", address, **ASYNC))
     whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
@@ -212,7 +227,10 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait_for_iteration(proc, run_dir, 3)  # the iteration-2 checkpoint, holding batch 3, is complete by then
+    status = _wait_for_iteration(proc, run_dir, 3)  # the iteration-2 checkpoint, holding batch 3, is complete then
+    engine_cpus, trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)), None, RolloutConfig())
+    assert [_threads_cpus(pid) for pid in status["engine_pids"]] == [{engine_cpus}]
+    assert [_threads_cpus(pid) for pid in status["trainer_pids"]] == [{trainer_cpus}]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()

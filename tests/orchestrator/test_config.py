@@ -193,6 +193,21 @@ def test_max_staleness_needs_a_correction_and_the_probe():
     assert cfg.rollout.probe_interval == 1  # one engine: lockstep never probes, max_staleness 1 after every sync
 
 
+def test_placement_is_refused_where_it_cannot_be_made():
+    cuda = {"trainer": {"device": "cuda", "backend": "nccl"}}
+    with pytest.raises(ConfigError, match="placement.mode colocated: engines and trainer ranks sharing GPUs is not "
+                                          "built"):
+        parse_config({**_base(), **cuda, "placement": {"mode": "colocated"}})
+    with pytest.raises(ConfigError, match="placement.rollout_cpus splits CPU cores"):
+        parse_config({**_base(), **cuda, "placement": {"mode": "disaggregated", "rollout_cpus": 1}})
+    with pytest.raises(ConfigError, match="placement.rollout_cpus splits the cores of placement.mode disaggregated"):
+        parse_config({**_base(), "placement": {"rollout_cpus": 1}})
+    with pytest.raises(ConfigError, match="VLLM_CPU_OMP_THREADS_BIND and placement.mode disaggregated both"):
+        parse_config({**_base(), "placement": {"mode": "disaggregated"},
+                      "rollout": {"extra_env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}})
+    assert parse_config({**_base(), "placement": {"mode": "disaggregated", "rollout_cpus": 1}}).placement.mode
+
+
 @pytest.mark.parametrize("path", ["/some/missing/dir", "./missing", "missing/dir/deeper", "~/missing-tide-model"])
 def test_missing_local_model_path_is_refused_by_name(path):
     """Never sent to the hub as a repo id: a path that looks local and does not exist names model.path."""

@@ -4,7 +4,7 @@ the cluster cannot hold refused by name instead of waiting forever."""
 import pytest
 
 from orchestrator import placement as placement_module
-from orchestrator.placement import Placement
+from orchestrator.placement import Placement, split_cpus
 from rollout.config import RolloutConfig
 from trainer.config import ParallelConfig, TrainerConfig
 
@@ -57,3 +57,21 @@ def test_a_layout_the_cluster_cannot_hold_is_refused_by_name(ray_cluster, monkey
     p = Placement.reserve(TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=4)),
                           RolloutConfig())
     p.release()
+
+
+def test_disaggregated_cpu_runs_split_the_cores_between_engines_and_ranks():
+    rollout = RolloutConfig()
+    assert split_cpus([0, 1], None, rollout) == ((0,), (1,))
+    assert split_cpus([2, 3, 5, 7, 8], None, rollout) == ((2, 3), (5, 7, 8))  # half, rounded down, to the engines
+    assert split_cpus(list(range(8)), 6, rollout) == ((0, 1, 2, 3, 4, 5), (6, 7))
+    with pytest.raises(ValueError, match="needs 2 cores or more; this host has 1"):
+        split_cpus([0], None, rollout)
+    with pytest.raises(ValueError, match="placement.rollout_cpus must be 1 to 3, not 4"):
+        split_cpus([0, 1, 2, 3], 4, rollout)
+    with pytest.raises(ValueError, match="rollout.tp 2 workers need a core each"):
+        split_cpus([0, 1, 2, 3], 1, RolloutConfig(tp=2))
+    p = Placement(engine_cpus=(0, 1, 2, 3), trainer_cpus=(4, 5), tp=2)
+    assert p.engine_env({"A": "1"}) == {"A": "1", "VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}
+    assert Placement().engine_env({"A": "1"}) == {"A": "1"}  # colocated: the engines' default binding
+    colocated = Placement.reserve(TrainerConfig(), RolloutConfig())
+    assert colocated.engine_cpus is colocated.trainer_cpus is None
