@@ -176,11 +176,11 @@ class TrainerGroup:
                    shuffle_seed: int | None = None, epochs: int = 1) -> dict:
         return self._reported(self._all("train_step", batch, mode, lr, updates, shuffle_seed, epochs))
 
-    def logprobs(self, batch: TrainBatch, reference: bool = False) -> list[list[float]]:
+    def logprobs(self, batch: TrainBatch, reference: bool = False, behaviour: bool = False) -> list[list[float]]:
         """Per sequence, the log-probs of its completion tokens under the batch's distribution: the policy's,
-        or the frozen reference's (trainer.kl)."""
+        the frozen reference's (trainer.kl) or the behaviour snapshot's (`snapshot_behaviour`)."""
         merged: dict[int, list[float]] = {}
-        for r in self._all("logprobs", batch, reference):
+        for r in self._all("logprobs", batch, reference, behaviour):
             if r:
                 merged.update(r)
         return [merged[i] for i in range(len(batch.sequences))]
@@ -202,6 +202,10 @@ class TrainerGroup:
 
     def snapshot_reference(self) -> None:
         self._all("snapshot_reference")
+
+    def snapshot_behaviour(self) -> None:
+        """Keep the current policy for checking the batch the engines are sampling with it (max_staleness 1)."""
+        self._all("snapshot_behaviour")
 
     def save_checkpoint(self, path: str) -> None:
         self._all("save_checkpoint", path)

@@ -115,6 +115,13 @@ class TrainerConfig(_Strict):
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward pass on each "
                                   "data-parallel rank (gradients accumulate over an optimizer step's micro-batches); "
                                   "lower it to save memory.")
+    # veRL's use_dynamic_bsz with ppo_max_token_len_per_gpu; slime's max_tokens_per_gpu
+    micro_batch_tokens: int | None = Field(
+        None, gt=0, description="Cut each mini-batch into micro-batches of at most this many positions (rows x "
+        "the longest row) instead of micro_batch_size rows: its sequences sorted by length, each micro-batch padded "
+        "to its own longest only, so that a few long completions do not pad every short one to their length; a "
+        "sequence longer than the budget gets a micro-batch of its own. null: micro_batch_size rows padded to the "
+        "batch's longest. Needs trainer.parallel.pp 1 (a pipeline passes fixed shapes).")
     updates_per_iteration: int = Field(1, ge=1, description="Optimizer steps per pass over an iteration's "
                                        "samples: the samples are cut into this many mini-batches.")
     epochs: int = Field(1, ge=1, description="Passes over each iteration's samples: epochs x "
@@ -150,6 +157,9 @@ class TrainerConfig(_Strict):
             raise ValueError("set trainer.clip_eps or trainer.clip_eps_low/clip_eps_high, not both")
         grpo_only = [k for k in ("clip_eps", "clip_eps_low", "clip_eps_high") if getattr(self, k) is not None]
         grpo_only += ["loss_agg"] if self.loss_agg != "token_mean" else []
+        if self.micro_batch_tokens is not None and self.parallel.pp > 1:
+            raise ValueError("trainer.micro_batch_tokens: a pipeline (trainer.parallel.pp > 1) passes activations of "
+                             "one shape between stages; use micro_batch_size")
         if self.loss != "grpo" and grpo_only:
             raise ValueError(f"trainer.{grpo_only[0]} applies to loss 'grpo' only (kimi averages over "
                              f"completions as the paper does, kimi_token over tokens)")

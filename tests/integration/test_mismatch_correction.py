@@ -68,3 +68,31 @@ def test_weights_scale_the_gradient_and_left_out_sequences_count_nowhere(ray_clu
         assert doubled["grad_norm"] == pytest.approx(2 * b["grad_norm"], rel=1e-4)
     finally:
         trainer.shutdown()
+
+
+def test_the_behaviour_snapshot_keeps_the_policy_that_sampled(ray_cluster, rank_pool, tiny_model_dir):
+    """rollout.max_staleness 1: the batch drawn while a step trains is checked against the policy before that
+    step, which the trainer keeps (snapshot_behaviour); its log-probs are that policy's exactly, after the update
+    too, and a new snapshot takes the updated policy."""
+    from orchestrator.trainer_group import TrainerGroup
+
+    spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(loss="grpo", micro_batch_size=8))
+    trainer = TrainerGroup(spec, pool=rank_pool)
+    try:
+        seqs = _sequences(random.Random(1), [0, 1])
+        batch = TrainBatch(seqs)
+        with pytest.raises(Exception, match="no behaviour snapshot"):
+            trainer.logprobs(batch, behaviour=True)
+        before = trainer.logprobs(batch)
+        trainer.snapshot_behaviour()
+        for s, lp in zip(seqs, before):
+            s.old_logprobs = lp
+        trainer.train_step(batch, mode="rl", lr=1e-2)
+        after = trainer.logprobs(batch)
+        moved = max(abs(a - b) for x, y in zip(after, before) for a, b in zip(x, y))
+        assert moved > 1e-3
+        assert trainer.logprobs(batch, behaviour=True) == before
+        trainer.snapshot_behaviour()
+        assert trainer.logprobs(batch, behaviour=True) == after
+    finally:
+        trainer.shutdown()

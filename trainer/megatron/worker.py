@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _positions(s: TrainSequence) -> int:
+    """Input positions of a sequence: position t predicts token t + 1."""
+    return len(s.prompt_ids) + len(s.completion_ids) - 1
+
+
 def _behaviour_gaps(logp: torch.Tensor, mb: dict, old_recomputed: bool) -> torch.Tensor:
     """Per sequence of a micro-batch, the summed |trainer - engines| log-prob over its completion tokens: against
     the engines' own log-probs (`rollout`) when pi_old was recomputed (mismatch correction), else against pi_old
@@ -72,11 +77,13 @@ class MegatronWorker:
         # it is created, and its first step writes them back (built before, it would revert to the random init)
         self.reset_optimizer()
         self.loss_spec = t.loss_spec()
-        self.reference = self._build_reference() if t.kl.coef > 0 else None
+        self.reference = self._frozen_copy() if t.kl.coef > 0 else None
+        self.behaviour = None  # snapshot_behaviour's copy, made on first use
         from trainer.megatron import routing_replay
 
         self._routers = routing_replay.attach(self.module)
         self._reference_routers = routing_replay.attach(self.reference) if self.reference is not None else []
+        self._behaviour_routers: list = []
         self.routing_replay = t.moe.routing_replay == "rollout"
         if self.routing_replay and not self._routers:
             raise ValueError("trainer.moe.routing_replay: rollout needs a mixture-of-experts model")
@@ -111,8 +118,9 @@ class MegatronWorker:
             module = module.to(self.dtype)
         return module.cuda() if self.spec.trainer.device == "cuda" else module
 
-    def _build_reference(self):
-        """A frozen copy of this rank's part of the policy, in the same layout (trainer.kl)."""
+    def _frozen_copy(self):
+        """A frozen copy of this rank's part of the policy, in the same layout (the reference of trainer.kl, the
+        behaviour snapshot)."""
         ref = self._new_module()
         ref.load_state_dict(self.module.state_dict())
         ref.requires_grad_(False)
@@ -122,6 +130,18 @@ class MegatronWorker:
         """The reference becomes the current policy (RL's starting point, after the warm start)."""
         if self.reference is not None:
             self.reference.load_state_dict(self.module.state_dict())
+
+    def snapshot_behaviour(self) -> None:
+        """Keep the current policy (rollout.max_staleness 1: the version the engines are sampling the next batch
+        with while this one trains), so that the batch is checked against the policy that sampled it once drawn
+        (`logprobs(..., behaviour=True)`). One more copy of this rank's parameters, made on first use."""
+        from trainer.megatron import routing_replay
+
+        if self.behaviour is None:
+            self.behaviour = self._frozen_copy()
+            self._behaviour_routers = routing_replay.attach(self.behaviour)
+        else:
+            self.behaviour.load_state_dict(self.module.state_dict())
 
     def reset_optimizer(self) -> None:
         """A fresh Adam (no moments, step 0) over the current parameters."""
@@ -184,8 +204,9 @@ class MegatronWorker:
     def _micro_batches(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                        split: bool = True):
         """This rank's micro-batches of `chunk` (its data-parallel share when `split`): padded [b, seq_len]
-        tensors; position t predicts token t + 1, so a completion's per-token fields (mask, log-probs) sit at
-        the positions from len(prompt) - 1 on.
+        tensors (with trainer.micro_batch_tokens, of each micro-batch's own rows and longest); position t predicts
+        token t + 1, so a completion's per-token fields (mask, log-probs) sit at the positions from
+        len(prompt) - 1 on.
 
         Every data-parallel rank runs the same number of micro-batches of the same b rows, also when the chunk
         does not divide (dropped samples, a warm-start batch dp does not divide, 3 sequences on dp2): a rank
@@ -195,17 +216,21 @@ class MegatronWorker:
         (EP groups span data-parallel ranks) or, with rows of another count, in the pipeline's fixed-shape
         send/receive."""
         dp, r = (self.ps.get_data_parallel_world_size(), self.ps.get_data_parallel_rank()) if split else (1, 0)
-        idx = chunk[r::dp]
-        widest = -(-len(chunk) // dp)  # rank 0's share: the largest
-        rows_per_mb = max(1, min(self.spec.trainer.micro_batch_size, widest))
-        n_mbs = -(-widest // rows_per_mb)
-        idx = idx + [-1] * (n_mbs * rows_per_mb - len(idx))
+        if self.spec.trainer.micro_batch_tokens:
+            groups = self._token_budget_groups(seqs, chunk, dp, r)
+        else:
+            idx = chunk[r::dp]
+            widest = -(-len(chunk) // dp)  # rank 0's share: the largest
+            rows_per_mb = max(1, min(self.spec.trainer.micro_batch_size, widest))
+            n_mbs = -(-widest // rows_per_mb)
+            idx = idx + [-1] * (n_mbs * rows_per_mb - len(idx))
+            groups = [idx[start:start + rows_per_mb] for start in range(0, len(idx), rows_per_mb)]
         stand_in = seqs[chunk[0]]
 
         def seq(i: int) -> TrainSequence:
             return seqs[i] if i >= 0 else stand_in
 
-        def rows(chosen: list[int], field) -> list[list]:
+        def rows(chosen: list[int], field, seq_len: int) -> list[list]:
             out = []
             for i in chosen:
                 s = seq(i)
@@ -217,30 +242,55 @@ class MegatronWorker:
         from trainer.megatron.routing_replay import micro_batch_routing
 
         mbs = []
-        for start in range(0, len(idx), rows_per_mb):
-            chosen = idx[start:start + rows_per_mb]
+        for chosen in groups:
+            if self.spec.trainer.micro_batch_tokens:  # padded to its own longest (the pipeline's fixed shape: pp 1)
+                seq_len = self._padded_len(max(_positions(seq(i)) for i in chosen))
             full = [seq(i).prompt_ids + seq(i).completion_ids for i in chosen]
             tokens = torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
             labels = torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
-            mask = torch.tensor(rows(chosen, lambda s: s.trained_mask), dtype=torch.float32)
-            old = torch.tensor(rows(chosen, lambda s: s.old_logprobs), dtype=torch.float32)
-            ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs), dtype=torch.float32)
-            behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs), dtype=torch.float32)
-            is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights), dtype=torch.float32)
+            mask = torch.tensor(rows(chosen, lambda s: s.trained_mask, seq_len), dtype=torch.float32)
+            old = torch.tensor(rows(chosen, lambda s: s.old_logprobs, seq_len), dtype=torch.float32)
+            ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs, seq_len), dtype=torch.float32)
+            behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs, seq_len), dtype=torch.float32)
+            is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights, seq_len), dtype=torch.float32)
             routing = micro_batch_routing(
                 [seqs[i].routed_experts if i >= 0 else None for i in chosen],
                 [len(seq(i).prompt_ids) + len(seq(i).completion_ids) - 1 for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, is_weight=is_weight, routing=routing, position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
+                            rollout=behaviour, is_weight=is_weight, routing=routing,
+                            position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
                             adv=None if adv is None else torch.stack([adv[i] if i >= 0 else adv.new_zeros(())
                                                                       for i in chosen])))
         return mbs
 
-    def _seq_len(self, seqs: list[TrainSequence]) -> int:
-        longest = max(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
+    def _token_budget_groups(self, seqs: list[TrainSequence], chunk: list[int], dp: int, r: int) -> list[list[int]]:
+        """trainer.micro_batch_tokens: this rank's share of `chunk` sorted by length and cut greedily into groups
+        of at most the budget's positions (rows x the group's padded longest; a longer sequence alone). Every
+        data-parallel rank cuts every rank's share alike and fills up to the largest count with placeholder
+        micro-batches (index -1), so that all run the same number (see _micro_batches)."""
+        budget = self.spec.trainer.micro_batch_tokens
+
+        def cut(share: list[int]) -> list[list[int]]:
+            groups: list[list[int]] = []
+            for i in sorted(share, key=lambda i: (_positions(seqs[i]), i)):
+                width = self._padded_len(_positions(seqs[i]))  # the longest so far: sorted ascending
+                if groups and (len(groups[-1]) + 1) * width <= budget:
+                    groups[-1].append(i)
+                else:
+                    groups.append([i])
+            return groups
+
+        shares = [cut(chunk[k::dp]) for k in range(dp)]
+        n = max(len(g) for g in shares)
+        return shares[r] + [[-1]] * (n - len(shares[r]))
+
+    def _padded_len(self, positions: int) -> int:
         # sequence parallelism splits the positions over the tensor-parallel ranks
         parts = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
-        return -(-longest // parts) * parts
+        return -(-positions // parts) * parts
+
+    def _seq_len(self, seqs: list[TrainSequence]) -> int:
+        return self._padded_len(max(_positions(s) for s in seqs))
 
     def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution,
                         with_entropy: EntropyMode = "no") -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -300,7 +350,8 @@ class MegatronWorker:
 
         routing = routing or routing_replay.RoutingPass()
         device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
-        routers = self._reference_routers if model is not None and model is self.reference else self._routers
+        routers = (self._routers if model is None else self._reference_routers if model is self.reference
+                   else self._behaviour_routers)
         uses_routing = routing.replay or routing.measure
 
         def forward_step(data_iter: Iterator[dict], model):
@@ -540,12 +591,16 @@ class MegatronWorker:
         return t
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch, reference: bool = False) -> dict[int, list[float]] | None:
-        """Teacher-forced log-probs of every completion token under `batch.distribution`, of the policy or of
-        the frozen reference (trainer.kl). Returns {sequence index: [logp...]} on the ranks that hold results
-        (last pipeline stage, TP rank 0); None elsewhere."""
+    def logprobs(self, batch: TrainBatch, reference: bool = False,
+                 behaviour: bool = False) -> dict[int, list[float]] | None:
+        """Teacher-forced log-probs of every completion token under `batch.distribution`, of the policy, of
+        the frozen reference (trainer.kl) or of the behaviour snapshot (`snapshot_behaviour`). Returns
+        {sequence index: [logp...]} on the ranks that hold results (last pipeline stage, TP rank 0); None
+        elsewhere."""
         if reference and self.reference is None:
             raise RuntimeError("no reference model: trainer.kl.coef is 0")
+        if behaviour and self.behaviour is None:
+            raise RuntimeError("no behaviour snapshot: snapshot_behaviour() was never called")
         seqs = batch.sequences
         # the reference serves the KL term only, whose distribution is the whole tempered vocabulary
         dist = kl_distribution(batch.distribution) if reference else batch.distribution
@@ -558,7 +613,8 @@ class MegatronWorker:
 
         from trainer.megatron.routing_replay import RoutingPass
 
-        out, _ = self._run(mbs, loss_fn, seq_len, forward_only=True, model=self.reference if reference else None,
+        model = self.reference if reference else self.behaviour if behaviour else None
+        out, _ = self._run(mbs, loss_fn, seq_len, forward_only=True, model=model,
                            routing=RoutingPass(replay=self.routing_replay))
         if not self._reporting_rank():
             return None
