@@ -228,6 +228,14 @@ class TideConfig(Strict):
                 raise ValueError(f"each optimizer step gets {per_step} samples (rollout.prompts_per_iteration x "
                                  f"n_samples / trainer.updates_per_iteration), fewer than the {p.dp * p.ep} "
                                  f"data-parallel replicas (trainer.parallel.dp x ep) that split them")
+            if r.max_staleness and r.mismatch_correction == "none" and self.trainer.loss == "grpo":
+                # Kimi k1.5's objective is a mirror-descent step from the policy that sampled: its pi_old is the
+                # behaviour policy by definition, and stale samples need no other. The clipped surrogate's is the
+                # trainer's policy before the update (decoupled PPO's proximal policy).
+                raise ValueError(f"rollout.max_staleness {r.max_staleness} trains on samples of an older policy: set "
+                                 f"rollout.mismatch_correction (tis, mis or icepop), so that the trainer recomputes "
+                                 f"pi_old and weighs each token by pi_old / pi_behaviour (loss kimi needs none: its "
+                                 f"pi_old is the policy that sampled)")
             gpus = "cuda" in (self.trainer.device, r.device)
             if gpus and self.placement.mode == "colocated":
                 raise ValueError("placement.mode colocated: engines and trainer ranks sharing GPUs is not built; on "

@@ -3,7 +3,10 @@
 Every iteration: the trainer's log-probs of the first mini-batch, computed before its update for the loss
 anyway, against the log-probs the engines returned for those tokens (slime compares the same two); the
 engines sampled them on the weights the trainer still holds, so the mean absolute difference must stay
-within `rollout.max_logprob_gap`. It is checked before the iteration publishes anything.
+within `rollout.max_logprob_gap`. It is checked before the iteration publishes anything. A batch drawn ahead
+(rollout.max_staleness 1) was sampled by the policy before the update that trains while it is drawn: the trainer
+keeps a snapshot of that policy, and the whole batch is checked against it once drained (`behaviour_gap`), before
+the engines load the new weights.
 
 The probe (`rollout.probe_every`): after a sync each engine samples one completion for each of a fixed set
 of probe prompts, with the run's temperature / top-p / top-k and a fixed seed, and the trainer recomputes the
@@ -66,6 +69,16 @@ def agent_logprob_gap(trainer: TrainerGroup, agent, rollout: RolloutGroup, probl
     samples = agent.rollout(engine_turns(rollout, sampling), problems, 1, seed + PROBE_STREAM, version=-1).samples
     ours = trainer.logprobs(samples_batch(samples, sampling))
     diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b, m in zip(x, s.logprobs, s.loss_mask) if m]
+    return sum(diffs) / len(diffs)
+
+
+def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution) -> float:
+    """A batch drawn ahead (rollout.max_staleness 1): mean |engine - trainer| log-prob over its trained tokens,
+    the trainer on its snapshot of the policy that sampled the batch (TrainerGroup.snapshot_behaviour)."""
+    batch = samples_batch(samples, sampling, unscored=True)  # drained before its reward phase
+    ours = trainer.logprobs(batch, behaviour=True)
+    diffs = [abs(a - b) for x, seq in zip(ours, batch.sequences)
+             for a, b, m in zip(x, seq.old_logprobs, seq.trained_mask) if m]  # old: the engines'
     return sum(diffs) / len(diffs)
 
 

@@ -12,8 +12,8 @@ from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
-from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, check_logprob_gap, logprob_gap,
-                                        probe_due)
+from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, behaviour_gap, check_logprob_gap,
+                                        logprob_gap, probe_due)
 from orchestrator.mismatch import use_trainer_old_logprobs
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
@@ -45,6 +45,14 @@ def replay_gaps(train: dict) -> dict[str, float]:
 def staleness_metrics(drawn: Drawn) -> dict[str, float]:
     """The batch's staleness (policy versions between its sampler and its trainer) and that sampler."""
     return {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
+
+
+def gap_metrics(drawn: Drawn, gap: float) -> dict[str, float]:
+    """`logprob_gap`: the batch against the policy that sampled it; a stale batch's `gap` (pi_old, or the
+    trainer's current policy, against its sampler) spans an update: `stale_logprob_gap`."""
+    if drawn.staleness() == 0:
+        return {"logprob_gap": gap}
+    return {"logprob_gap": drawn.logprob_gap, "stale_logprob_gap": gap}
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
@@ -109,20 +117,28 @@ def run_iterations(s: Session) -> None:
                 progress.update(bar, description=f"{cfg.name} · train")
                 lr = lr_at(t.lr, t.lr_schedule, it, cfg.iterations)
                 shuffle = sampling_seed(cfg.seed, it) if t.shuffle_minibatches else None
+                if scheduler.drawing:  # by the policy this step updates: kept to check that batch against
+                    s.trainer.snapshot_behaviour()
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
             # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included; a
-            # stale batch's is no check (its sampler was an older policy, whose engines the probe checked)
+            # stale batch's spans an update (its sampler, checked when it was drained, is drawn.logprob_gap)
             gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
             if drawn.staleness() == 0:
                 check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if s.mismatch_correction
                                   else "the first mini-batch, before its update", bound_origin)
+            gaps = gap_metrics(drawn, gap)
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
             if scheduler.max_staleness:
                 with run.phase(it, "drain"):  # the batch drawn ahead finishes on the weights it started on
-                    scheduler.drain()
+                    ahead = scheduler.drain()
+                if ahead is not None:  # checked against the policy that sampled it, before the engines move on
+                    with run.phase(it, "ahead_check"):
+                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.rolled.samples, s.sampling)
+                    check_logprob_gap(it + 1, ahead.logprob_gap, gap_bound, "the batch drawn ahead, against the "
+                                      "policy that sampled it", bound_origin)
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
                 delivery = s.sync(manifest)
@@ -146,12 +162,12 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **mismatch,
-                             "logprob_gap" if drawn.staleness() == 0 else "stale_logprob_gap": gap,
+                             **gaps,
                              **replay_gaps(train), **probe, "samples": len(samples), **staleness_metrics(drawn),
                              **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "
-                        f"loss {train['loss']:+.4f}  gap {gap:.2e}")
+                        f"loss {train['loss']:+.4f}  gap {gaps['logprob_gap']:.2e}")
             for name, probe_gap in probe.items():
                 check_logprob_gap(it, probe_gap, gap_bound, PROBE_BATCHES[name], bound_origin)
             if it % cfg.save_every == 0 or it == cfg.iterations:

@@ -41,6 +41,9 @@ class Drawn:
     version: int
     started: float  # time.time()
     seconds: float
+    # a batch drawn ahead: mean |engine - trainer| log-prob of its sampled tokens, the trainer on a snapshot of
+    # the policy that sampled it, checked when it was drained (logprob_check.behaviour_gap)
+    logprob_gap: float | None = None
 
     def staleness(self) -> int:
         return self.iteration - 1 - self.version
@@ -77,11 +80,19 @@ class RolloutScheduler:
             return
         self._ahead = self._pool.submit(self._draw, nxt, self.served)
 
-    def drain(self) -> None:
-        """Wait until the batch drawn ahead is finished (before the engines' weights change)."""
-        if self._ahead is not None:
-            future, self._ahead = self._ahead, None
-            self._ready = future.result()
+    @property
+    def drawing(self) -> bool:
+        """A batch is being drawn ahead, by the version the engines serve."""
+        return self._ahead is not None
+
+    def drain(self) -> Drawn | None:
+        """Wait until the batch drawn ahead is finished (before the engines' weights change); that batch, or
+        None when none was being drawn."""
+        if self._ahead is None:
+            return None
+        future, self._ahead = self._ahead, None
+        self._ready = future.result()
+        return self._ready
 
     def synced(self, version: int) -> None:
         if self._ahead is not None:

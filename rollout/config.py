@@ -132,8 +132,8 @@ class RolloutConfig(EngineConfig):
         "measured to reach, it is refused.")
     probe_every: int | None = Field(
         None, ge=0, description="After every probe_every-th sync, each engine samples fixed probe prompts that "
-        "the trainer rescores (the same bound); null: after every sync with several engines or max_staleness 1, "
-        "never with one engine in lockstep; 0: never.")
+        "the trainer rescores (the same bound); null: after every sync with several engines, never with one "
+        "engine (whose batch is checked every iteration); 0: never.")
     probe_prompts: int = Field(8, gt=0, description="Prompts in the probe batch.")
     mismatch_correction: Literal["none", "tis", "mis", "icepop"] = Field(
         "none", description="How the trainer corrects for sampling by the engines (pi_rollout: bfloat16, other "
@@ -154,26 +154,16 @@ class RolloutConfig(EngineConfig):
     max_staleness: int = Field(
         0, ge=0, le=1, description="0: lockstep (each iteration's batch is sampled by the policy it trains). 1: "
         "the next iteration's batch is sampled while this one trains (one-step overlap; the engines finish it "
-        "before they load the new weights), so each batch after the first is one update old when trained; needs a "
-        "mismatch_correction (the trainer recomputes pi_old and weighs the tokens by pi_old / pi_behaviour), and "
-        "the probe checks the engines after every sync (probe_every 0 is refused).")
+        "before they load the new weights), so each batch after the first is one update old when trained; with loss "
+        "grpo it needs a mismatch_correction (the trainer recomputes pi_old and weighs the tokens by pi_old / "
+        "pi_behaviour), loss kimi takes the policy that sampled as its pi_old. Each batch drawn ahead is checked "
+        "against that policy (a snapshot the trainer keeps: one more copy of its parameters).")
 
     @model_validator(mode="after")
     def _icepop_bounds(self) -> "RolloutConfig":
         low, high = self.icepop_bounds
         if not 0 < low < 1 < high:
             raise ValueError(f"rollout.icepop_bounds {list(self.icepop_bounds)}: needs 0 < low < 1 < high")
-        return self
-
-    @model_validator(mode="after")
-    def _staleness(self) -> "RolloutConfig":
-        if self.max_staleness and self.mismatch_correction == "none":
-            raise ValueError(f"rollout.max_staleness {self.max_staleness} trains on samples of an older policy: set "
-                             f"rollout.mismatch_correction (tis, mis or icepop), so that the trainer recomputes pi_old "
-                             f"and weighs each token by pi_old / pi_behaviour")
-        if self.max_staleness and self.probe_every == 0:
-            raise ValueError("rollout.max_staleness 1: a stale batch's gap is no check of the engines' weights, "
-                             "the probe after each sync is; rollout.probe_every 0 turns it off")
         return self
 
     def engine_config(self, iterations: int) -> "RolloutConfig":
@@ -201,7 +191,7 @@ class RolloutConfig(EngineConfig):
     def probe_interval(self) -> int:
         if self.probe_every is not None:
             return self.probe_every
-        return 1 if self.engines > 1 or self.max_staleness else 0
+        return 1 if self.engines > 1 else 0
 
     def logprob_gap_bound(self, dtype: str) -> float:
         """The gap bound of a run in `dtype`: max_logprob_gap, or the dtype's default. A bound below what engine

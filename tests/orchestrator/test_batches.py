@@ -15,3 +15,13 @@ def test_samples_batch_keeps_every_field_in_place():
     assert batch.distribution == dist and seq.ref_logprobs == []
     attach_reference_logprobs(batch, [[-0.3, -0.4]])
     assert seq.ref_logprobs == [-0.3, -0.4]
+
+
+def test_unscored_samples_are_left_out_of_training_and_kept_for_rescoring():
+    """A sample without a reward is not trained on; a batch drawn ahead is rescored (the behaviour check) before
+    its reward phase, when a trajectory scored after the rollout has none yet: all of it is kept then."""
+    samples = Samples([Sample(prompt_index=k, task_id="t", prompt_ids=[1], completion_ids=[5], logprobs=[-0.1],
+                              reward=reward) for k, reward in enumerate([None, 1.0])])
+    assert [s.group for s in samples_batch(samples, TokenDistribution()).sequences] == [1]
+    rescored = samples_batch(samples, TokenDistribution(), unscored=True).sequences
+    assert [(s.group, s.reward, s.old_logprobs) for s in rescored] == [(0, 0.0, [-0.1]), (1, 1.0, [-0.1])]

@@ -181,16 +181,17 @@ def test_mismatch_correction_fields_are_validated():
                         ).rollout.icepop_bounds == (0.4, 3.0)
 
 
-def test_max_staleness_needs_a_correction_and_the_probe():
+def test_max_staleness_needs_a_correction_for_grpo():
     with pytest.raises(ConfigError, match="rollout.max_staleness 1 trains on samples of an older policy: set "
                                           "rollout.mismatch_correction"):
-        parse_config({**_base(), "rollout": {"max_staleness": 1}})
-    with pytest.raises(ConfigError, match="rollout.probe_every 0 turns it off"):
-        parse_config({**_base(), "rollout": {"max_staleness": 1, "mismatch_correction": "tis", "probe_every": 0}})
+        parse_config({**_base(), "trainer": {"loss": "grpo"}, "rollout": {"max_staleness": 1}})
+    for kimi in ("kimi", "kimi_token"):  # pi_old is the policy that sampled: the behaviour log-probs
+        cfg = parse_config({**_base(), "trainer": {"loss": kimi}, "rollout": {"max_staleness": 1}})
+        assert cfg.rollout.mismatch_correction == "none" and cfg.rollout.max_staleness == 1
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         parse_config({**_base(), "rollout": {"max_staleness": 2, "mismatch_correction": "tis"}})
     cfg = parse_config({**_base(), "rollout": {"max_staleness": 1, "mismatch_correction": "icepop"}})
-    assert cfg.rollout.probe_interval == 1  # one engine: lockstep never probes, max_staleness 1 after every sync
+    assert cfg.rollout.probe_interval == 0  # one engine: each batch is checked against the policy that sampled it
 
 
 def test_placement_is_refused_where_it_cannot_be_made():

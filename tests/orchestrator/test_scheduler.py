@@ -27,14 +27,20 @@ class Engines:
         return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0)
 
 
-def _run(scheduler: RolloutScheduler, first: int, last: int) -> list[tuple[int, int]]:
-    """The loop's calls, iteration by iteration: take, ahead, (train, publish), drain, sync."""
+def _run(scheduler: RolloutScheduler, first: int, last: int, drained: list | None = None) -> list[tuple[int, int]]:
+    """The loop's calls, iteration by iteration: take, ahead, (train, publish), drain, sync. `drained`: gets
+    (iteration, version) of each batch a drain finished (the loop checks those against the trainer's snapshot of
+    the policy it held while `drawing`)."""
     trained = []
     for it in range(first, last + 1):
         drawn = scheduler.take(it)
         scheduler.ahead(it)
+        drawing = scheduler.drawing
         trained.append((drawn.iteration, drawn.staleness()))
-        scheduler.drain()
+        finished = scheduler.drain()
+        assert (finished is not None) == drawing
+        if finished is not None and drained is not None:
+            drained.append((finished.iteration, finished.version))
         scheduler.synced(it)
     return trained
 
@@ -48,8 +54,10 @@ def test_lockstep_draws_each_batch_on_the_policy_it_trains():
 
 def test_one_step_overlap_draws_the_next_batch_on_the_previous_policy_in_the_background():
     engines = Engines()
+    drained = []
     with RolloutScheduler(engines.draw, 1, 0, 4) as scheduler:
-        assert _run(scheduler, 1, 4) == [(1, 0), (2, 1), (3, 1), (4, 1)]
+        assert _run(scheduler, 1, 4, drained) == [(1, 0), (2, 1), (3, 1), (4, 1)]
+    assert drained == [(2, 0), (3, 1), (4, 2)]  # drained in iterations 1-3, each on the version then served
     # batch 1 drawn now on policy 0; batch t + 1 drawn during iteration t on the policy the engines still serve,
     # t - 1; nothing beyond the last iteration
     assert engines.calls == [(1, 0, True), (2, 0, False), (3, 1, False), (4, 2, False)]
