@@ -4,20 +4,23 @@ all cores) and disaggregated (placement.mode: engines on half the cores, ranks o
 
     .venv/bin/python scripts/bench_async.py [--quick]     writes bench_results/async.json
 
-Each run is `tide run` as a user starts it (configs/quickstart.yaml with overrides), its processes' CPU time
-sampled by phase and role as scripts/measure_overlap_bound.py samples it. Jobs:
-- `quickstart`: the quickstart job (64 prompts x 8 samples, 4 new tokens): short completions, train-heavy.
+Each run is `tide run` as a user starts it (a shipped config with overrides), its processes' CPU time sampled by
+phase and role as scripts/measure_overlap_bound.py samples it. Jobs:
+- `quickstart`: configs/quickstart.yaml (64 prompts x 8 samples, 4 new tokens): short completions, train-heavy.
 - `long_tail`: the same with up to 256 new tokens after a 5-step warm start, whose policy ends most completions
-  within a few dozen tokens and lets a few run to the limit (mean and longest length, share at the limit).
+  within a few dozen tokens and lets a few run to the limit (mean and longest length, share at the limit); the
+  trainer's micro-batches by a token budget (trainer.micro_batch_tokens), as such a job is configured.
+- `tool_heavy`: configs/tool_calc.yaml (32 prompts x 8 trajectories of up to 3 turns, python tool calls run in
+  the run's sandbox service), its eval off.
 Figures per run, over iterations 2..N-1 (start-up, compilation and the final checkpoint and export excluded):
 samples per second (samples trained / seconds from the end of iteration 1 to the end of iteration N-1, every phase
 included); the cores each role kept busy (engine, trainer, other: CPU seconds / those seconds), and the most a
 run could still gain doing the same CPU work on its idle cores (cores / cores in use: wall >= CPU / cores).
 Repeat i runs every variant with seed 1 + i.
-Goals (issue 34): long-tail samples/s of max_staleness 1 >= 1.3x lockstep's; reward gain (mean reward of the
-last 10 iterations minus the first 10) at equal samples >= 0.9x lockstep's on the 70-iteration quickstart (full
-mode only). Not in this script yet, so no figure is claimed: max_staleness 2 (not built), the tool-heavy agent
-job, TRL on bench_e2e's job, weight-update latency against the copy floor.
+Goals (issue 34): samples/s of max_staleness 1 (disaggregated) >= 1.3x lockstep's on the long-tail and the
+tool-heavy jobs; reward gain (mean reward of the last 10 iterations minus the first 10) at equal samples >= 0.9x
+lockstep's on the 70-iteration quickstart (full mode only). Not in this script yet, so no figure is claimed:
+max_staleness 2 (not built), TRL on bench_e2e's job, weight-update latency against the copy floor.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from measure_overlap_bound import bound, measure  # noqa: E402  (its phase table
 from orchestrator.rundir import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "quickstart.yaml"
+CONFIGS = ROOT / "configs"
 SPEEDUP_TARGET, LEARNING_TARGET = 1.3, 0.9
 ONE_STEP = ["rollout.max_staleness=1", "rollout.mismatch_correction=tis"]
 DISAGGREGATED = ["placement.mode=disaggregated"]
@@ -45,10 +48,12 @@ VARIANTS = {  # name -> overrides; "lockstep" is every row's baseline
     "one_step_colocated": ONE_STEP,
     "lockstep_disaggregated": DISAGGREGATED,
 }
-JOBS = {  # name -> (overrides, iterations in full mode, in quick mode)
-    "long_tail": (["rollout.max_new_tokens=256", "model.tiny.max_position_embeddings=512",
-                   "trainer.warmup_sft_steps=5"], 12, 0),
-    "quickstart": ([], 70, 10),
+JOBS = {  # name -> (config, overrides, iterations in full mode, in quick mode)
+    "long_tail": ("quickstart.yaml", ["rollout.max_new_tokens=256", "model.tiny.max_position_embeddings=512",
+                                      "trainer.warmup_sft_steps=5", "trainer.micro_batch_tokens=4096"], 12, 0),
+    # multi-turn: up to 3 turns of model output and python tool calls run in the run's sandbox service
+    "tool_heavy": ("tool_calc.yaml", ["eval.every=0"], 10, 0),
+    "quickstart": ("quickstart.yaml", [], 70, 10),
 }
 QUICK_VARIANTS = ("lockstep", "one_step_disaggregated")
 GAIN_WINDOW = 10  # iterations averaged at each end of a run for its reward gain
@@ -65,10 +70,11 @@ def iteration_ends(timings: list[dict]) -> dict[int, float]:
 
 
 def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> dict:
-    overrides = [*JOBS[job][0], *VARIANTS[variant], f"iterations={iterations}", f"seed={seed}",
+    config, job_overrides = JOBS[job][:2]
+    overrides = [*job_overrides, *VARIANTS[variant], f"iterations={iterations}", f"seed={seed}",
                  f"save_every={iterations}"]
     run_dir = work / f"{job}-{variant}-{seed}"
-    samples = measure(CONFIG, overrides, 0.02, run_dir)
+    samples = measure(CONFIGS / config, overrides, 0.02, run_dir)
     ends = iteration_ends(read_jsonl(run_dir / "timings.jsonl"))
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     steady = range(2, iterations)
@@ -99,13 +105,16 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
 
 
 def main() -> None:
-    args = bench_arguments(__doc__).parse_args()
+    ap = bench_arguments(__doc__)
+    ap.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS), help="the jobs to run")
+    args = ap.parse_args()
     report = Report("async", args.quick)
     repeats = repeats_for(args.quick)
     variants = QUICK_VARIANTS if args.quick else tuple(VARIANTS)
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="tide-bench-async-") as tmp:
-        for job, (_, full_its, quick_its) in JOBS.items():
+        for job in args.jobs:
+            full_its, quick_its = JOBS[job][2:]
             iterations = quick_its if args.quick else full_its
             if not iterations:
                 continue
@@ -121,8 +130,8 @@ def main() -> None:
                          [r["samples_per_s"] for r in rs], [r["samples_per_s"] for r in base],
                          cores_contender=[r["cores"] for r in rs], cores_baseline=[r["cores"] for r in base],
                          staleness_max=max(r["staleness_max"] for r in rs))
-        if job == "long_tail" and variant == "one_step_disaggregated":
-            report.goal("long-tail samples/s, max_staleness 1 / lockstep", row["ratio"], SPEEDUP_TARGET, row=row)
+        if job in ("long_tail", "tool_heavy") and variant == "one_step_disaggregated":
+            report.goal(f"{job} samples/s, max_staleness 1 / lockstep", row["ratio"], SPEEDUP_TARGET, row=row)
         if job == "quickstart" and not args.quick and variant.startswith("one_step"):
             gains = report.add(f"{job}: {variant} reward gain", variant, "lockstep",
                                f"reward gain (last {GAIN_WINDOW} - first {GAIN_WINDOW} iterations)",
@@ -130,8 +139,7 @@ def main() -> None:
             report.goal(f"reward gain at equal samples, {variant} / lockstep", gains["ratio"], LEARNING_TARGET,
                         row=gains)
     report.note("runs", {f"{job}/{variant}": rs for (job, variant), rs in runs.items()})
-    report.note("not_measured", ["max_staleness 2 (not built)", "the tool-heavy agent job",
-                                 "TRL / tide iteration time on bench_e2e's ~100M job",
+    report.note("not_measured", ["max_staleness 2 (not built)", "TRL / tide iteration time on bench_e2e's ~100M job",
                                  "weight-update latency against the copy floor"])
     report.finish()
     for (job, variant), rs in runs.items():
