@@ -13,7 +13,8 @@ from rich.table import Table
 from orchestrator.rundir import RunDir, read_jsonl
 
 PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "rollout_ahead",
-               "reward", "old_logprobs", "reference", "train", "publish", "drain", "sync", "eval", "checkpoint"]
+               "reward", "old_logprobs", "reference", "train", "publish", "drain", "ahead_check", "sync", "probe",
+               "eval", "checkpoint"]
 # Timed while other phases ran (rollout.max_staleness 1: the next batch sampled during train and publish): shown,
 # but outside the total the shares divide
 OVERLAPPED = {"rollout_ahead"}

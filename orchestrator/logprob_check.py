@@ -5,8 +5,8 @@ anyway, against the log-probs the engines returned for those tokens (slime compa
 engines sampled them on the weights the trainer still holds, so the mean absolute difference must stay
 within `rollout.max_logprob_gap`. It is checked before the iteration publishes anything. A batch drawn ahead
 (rollout.max_staleness 1) was sampled by the policy before the update that trains while it is drawn: the trainer
-keeps a snapshot of that policy, and the whole batch is checked against it once drained (`behaviour_gap`), before
-the engines load the new weights.
+keeps a snapshot of that policy, and the batch is checked against it once drained (`behaviour_gap`: every
+updates_per_iteration-th sample, as many as lockstep's first mini-batch), before the engines load the new weights.
 
 The probe (`rollout.probe_every`): after a sync each engine samples one completion for each of a fixed set
 of probe prompts, with the run's temperature / top-p / top-k and a fixed seed, and the trainer recomputes the
@@ -72,10 +72,12 @@ def agent_logprob_gap(trainer: TrainerGroup, agent, rollout: RolloutGroup, probl
     return sum(diffs) / len(diffs)
 
 
-def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution) -> float:
-    """A batch drawn ahead (rollout.max_staleness 1): mean |engine - trainer| log-prob over its trained tokens,
-    the trainer on its snapshot of the policy that sampled the batch (TrainerGroup.snapshot_behaviour)."""
-    batch = samples_batch(samples, sampling, unscored=True)  # drained before its reward phase
+def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution, share: int = 1) -> float:
+    """A batch drawn ahead (rollout.max_staleness 1): mean |engine - trainer| log-prob over the trained tokens of
+    every `share`-th sample, the trainer on its snapshot of the policy that sampled the batch
+    (TrainerGroup.snapshot_behaviour). With share = updates_per_iteration it reads as many samples as lockstep's
+    check of the first mini-batch, spread over every prompt: a forward of 1/share of the batch."""
+    batch = samples_batch(list(samples)[::share], sampling, unscored=True)  # drained before its reward phase
     ours = trainer.logprobs(batch, behaviour=True)
     diffs = [abs(a - b) for x, seq in zip(ours, batch.sequences)
              for a, b, m in zip(x, seq.old_logprobs, seq.trained_mask) if m]  # old: the engines'

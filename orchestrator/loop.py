@@ -136,7 +136,8 @@ def run_iterations(s: Session) -> None:
                     ahead = scheduler.drain()
                 if ahead is not None:  # checked against the policy that sampled it, before the engines move on
                     with run.phase(it, "ahead_check"):
-                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.rolled.samples, s.sampling)
+                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.rolled.samples, s.sampling,
+                                                          t.updates_per_iteration)
                     check_logprob_gap(it + 1, ahead.logprob_gap, gap_bound, "the batch drawn ahead, against the "
                                       "policy that sampled it", bound_origin)
             with run.phase(it, "sync") as rec:
