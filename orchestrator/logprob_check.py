@@ -81,7 +81,7 @@ def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution, s
     ours = trainer.logprobs(batch, behaviour=True)
     diffs = [abs(a - b) for x, seq in zip(ours, batch.sequences)
              for a, b, m in zip(x, seq.old_logprobs, seq.trained_mask) if m]  # old: the engines'
-    return sum(diffs) / len(diffs)
+    return sum(diffs) / max(len(diffs), 1)  # as lockstep's check of a mini-batch without trained tokens
 
 
 def probe_due(interval: int, iteration: int) -> bool:

@@ -107,10 +107,14 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
 def main() -> None:
     ap = bench_arguments(__doc__)
     ap.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS), help="the jobs to run")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="the variants to run (lockstep always)")
+    ap.add_argument("--repeats", type=int, help="seeds per variant (default: 5, 3 with --quick)")
     args = ap.parse_args()
     report = Report("async", args.quick)
-    repeats = repeats_for(args.quick)
+    repeats = args.repeats or repeats_for(args.quick)
     variants = QUICK_VARIANTS if args.quick else tuple(VARIANTS)
+    if args.variants:
+        variants = ("lockstep", *[v for v in args.variants if v != "lockstep"])
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="tide-bench-async-") as tmp:
         for job in args.jobs:

@@ -285,11 +285,13 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, rank_pool, 
         assert first == pytest.approx(0.0, abs=1e-7) and second > 1e-6, out[dp][3]
     for a, b, c in zip(out[2][1], out[1][1], resharded):
         # float32 summation order differs between the layouts and Adam amplifies it for near-zero gradients:
-        # after two steps the logits agree to 1.2e-5 on this CPU (at a logit of 0.165; the same on the code before
-        # 2026-11-26); a wrong normalisation moves them by orders of magnitude more
-        torch.testing.assert_close(a, b, rtol=0, atol=3e-5)
-        torch.testing.assert_close(a, c, rtol=0, atol=3e-5)
-    assert max(abs(x - y) for p, q in zip(out[2][2], out[1][2]) for x, y in zip(p, q)) <= 1e-5
+        # after two steps the logits agree to 1.2e-5 on one CPU (at a logit of 0.165) and to 3.2e-5 on another
+        # (AMD EPYC, 2026-11-27: one element of 1920, the same on the code of 2026-11-26); a wrong normalisation
+        # moves them by orders of magnitude more (and the steps' losses above are held to 1e-5). The log-probs
+        # after the steps drift alike (2.4e-5 there).
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-4)
+    assert max(abs(x - y) for p, q in zip(out[2][2], out[1][2]) for x, y in zip(p, q)) <= 1e-4
 
 
 def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, rank_pool, tiny_dense_dir):
