@@ -51,12 +51,8 @@ def agent_probe_problems(task: RenderedTask, seed: int, n: int) -> list[Problem]
 def logprob_gap(trainer: TrainerGroup, rollout: RolloutGroup, problems: list[Problem], max_new_tokens: int,
                 sampling: TokenDistribution, seed: int) -> float:
     """Mean |engine - trainer| log-prob of the tokens each engine samples for `problems`, worst engine."""
-    gaps = []
-    for samples in rollout.generate_on_each(problems, max_new_tokens, sampling, seed + PROBE_STREAM):
-        ours = trainer.logprobs(samples_batch(samples, sampling))
-        diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b in zip(x, s.logprobs)]
-        gaps.append(sum(diffs) / len(diffs))
-    return max(gaps)
+    return max(sampled_gap(trainer, samples, sampling)
+               for samples in rollout.generate_on_each(problems, max_new_tokens, sampling, seed + PROBE_STREAM))
 
 
 def agent_logprob_gap(trainer: TrainerGroup, agent, rollout: RolloutGroup, problems: list[Problem],
@@ -67,9 +63,7 @@ def agent_logprob_gap(trainer: TrainerGroup, agent, rollout: RolloutGroup, probl
     from orchestrator.agent_rollout import engine_turns
 
     samples = agent.rollout(engine_turns(rollout, sampling), problems, 1, seed + PROBE_STREAM, version=-1).samples
-    ours = trainer.logprobs(samples_batch(samples, sampling))
-    diffs = [abs(a - b) for x, s in zip(ours, samples) for a, b, m in zip(x, s.logprobs, s.loss_mask) if m]
-    return sum(diffs) / len(diffs)
+    return sampled_gap(trainer, samples, sampling)
 
 
 def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution, share: int = 1) -> float:
@@ -77,10 +71,18 @@ def behaviour_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution, s
     every `share`-th sample, the trainer on its snapshot of the policy that sampled the batch
     (TrainerGroup.snapshot_behaviour). With share = updates_per_iteration it reads as many samples as lockstep's
     check of the first mini-batch, spread over every prompt: a forward of 1/share of the batch."""
-    batch = samples_batch(list(samples)[::share], sampling, unscored=True)  # drained before its reward phase
-    ours = trainer.logprobs(batch, behaviour=True)
+    return sampled_gap(trainer, list(samples)[::share], sampling, behaviour=True)
+
+
+def sampled_gap(trainer: TrainerGroup, samples, sampling: TokenDistribution, behaviour: bool = False) -> float:
+    """Mean |engine - trainer| log-prob over the tokens the engines sampled (a trajectory's inserted tokens carry
+    no behaviour log-prob), the trainer on its policy or (`behaviour`) its snapshot. Every sample counts, scored
+    or not: a trajectory an agent's task scores after the rollout has no reward yet, and the check trains
+    nothing."""
+    batch = samples_batch(samples, sampling, unscored=True)
+    ours = trainer.logprobs(batch, behaviour=behaviour)
     diffs = [abs(a - b) for x, seq in zip(ours, batch.sequences)
-             for a, b, m in zip(x, seq.old_logprobs, seq.trained_mask) if m]  # old: the engines'
+             for a, b, m in zip(x, seq.old_logprobs, seq.trained_mask) if m]  # old_logprobs: the engines'
     return sum(diffs) / max(len(diffs), 1)  # as lockstep's check of a mini-batch without trained tokens
 
 

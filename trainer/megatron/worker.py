@@ -255,7 +255,7 @@ class MegatronWorker:
             is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights, seq_len), dtype=torch.float32)
             routing = micro_batch_routing(
                 [seqs[i].routed_experts if i >= 0 else None for i in chosen],
-                [len(seq(i).prompt_ids) + len(seq(i).completion_ids) - 1 for i in chosen], seq_len)
+                [_positions(seq(i)) for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
                             rollout=behaviour, is_weight=is_weight, routing=routing,
                             position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
