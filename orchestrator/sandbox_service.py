@@ -26,9 +26,11 @@ class SandboxService:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         log = open(log_dir / "sandbox.log", "ab")
+        # its own session: a Ctrl-C to the run's process group reaches the run, which stops the service in
+        # order; --parent-pid: it stops itself if the run dies without doing so
         proc = subprocess.Popen([sys.executable, "-m", "sandbox.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--state-dir", state_dir], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                 str(port), "--state-dir", state_dir, "--parent-pid", str(os.getpid())],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         service = cls(f"http://127.0.0.1:{port}", proc)
         try:
             with SandboxClient(service.url) as client:

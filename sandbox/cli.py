@@ -5,6 +5,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -43,6 +45,8 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
           max_sessions: int = typer.Option(512, help="live sessions at once (each in a container and cgroup slot "
                                            "of its own, beside the run pool)"),
           max_session_s: float = typer.Option(3600.0, help="a session's longest life"),
+          parent_pid: Optional[int] = typer.Option(None, help="the pid of the process starting the service: shut "
+                                                   "down (as on SIGTERM) once it is gone"),
           log_level: str = "info") -> None:
     """Start the HTTP service (needs root, or delegated cgroups plus overlayfs)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,11 +63,28 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
         from .service import create_app
 
         web = create_app(runtime, token=cfg.token, max_request_bytes=cfg.max_request_bytes)
-        uvicorn.run(web, host=host, port=port, log_level=log_level, access_log=False,
-                    limit_concurrency=4 * (cfg.pool_size + cfg.max_queue) + 64, timeout_graceful_shutdown=30,
-                    timeout_keep_alive=SERVER_KEEPALIVE_S)  # longer than clients keep idle connections
+        server = uvicorn.Server(uvicorn.Config(
+            web, host=host, port=port, log_level=log_level, access_log=False,
+            limit_concurrency=4 * (cfg.pool_size + cfg.max_queue) + 64, timeout_graceful_shutdown=30,
+            timeout_keep_alive=SERVER_KEEPALIVE_S))  # longer than clients keep idle connections
+        if parent_pid is not None:
+            threading.Thread(target=_stop_when_orphaned, args=(server, parent_pid), daemon=True,
+                             name="parent-watch").start()
+        server.run()
     finally:
         runtime.close()
+
+
+def _stop_when_orphaned(server, parent: int, poll_s: float = 0.5) -> None:
+    """A run's own service (orchestrator/sandbox_service.py) lives in a session of its own, so a signal to the
+    run's process group does not reach it. When the run dies without stopping it (SIGKILL, a crash in its
+    teardown), the service is re-parented, and shuts down as on SIGTERM: its containers, mounts and cgroups go
+    with it."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    logging.getLogger("sandbox").warning("the process that started the service (pid %d) is gone: shutting down",
+                                         parent)
+    server.should_exit = True
 
 
 @app.command()

@@ -84,3 +84,52 @@ def test_restart_cleans_up_after_a_crash(service):  # `service`: skips without r
         proc2.wait(timeout=30)
     assert not pool.owned_by(proc2.pid) and not (STATE / str(proc2.pid)).exists()
     STATE.rmdir()  # empty once both services are gone; leave nothing in /run
+
+
+def test_a_service_whose_parent_dies_shuts_down_and_cleans_up(service):
+    """`--parent-pid` (how a run starts its own service): the parent SIGKILLed, the service stops by itself,
+    its slot cgroups and state removed, as on SIGTERM."""
+    import socket
+
+    from sandbox.cgroups import CgroupPool, detect
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    starter = ("import os, subprocess, sys, time\n"
+               f"p = subprocess.Popen([sys.executable, '-m', 'sandbox.cli', 'serve', '--port', '{port}', "
+               f"'--pool-size', '1', '--state-dir', '{STATE}', '--log-level', 'warning', "
+               "'--parent-pid', str(os.getpid())], start_new_session=True)\n"
+               "print(p.pid, flush=True)\n"
+               "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    served = int(parent.stdout.readline())
+    try:
+        with SandboxClient(f"http://127.0.0.1:{port}", retries=0) as c:
+            c.wait_ready(timeout_s=60)
+            assert c.run("bash", "echo alive").stdout == "alive\n"
+        pool = CgroupPool(detect(), 0)
+        assert pool.owned_by(served) and (STATE / str(served)).exists()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _alive(served):
+            assert time.monotonic() < deadline, "the service outlived the process that started it by 30 s"
+            time.sleep(0.1)
+        assert not pool.owned_by(served), "slot cgroups of the service remain"
+        assert not (STATE / str(served)).exists(), "state of the service remains"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if _alive(served):
+            os.kill(served, signal.SIGKILL)
+    STATE.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a re-parented child is reaped by whoever adopts it, maybe never in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
