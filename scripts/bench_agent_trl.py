@@ -77,7 +77,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_common import ROOT, sft_steps
 TOOL_CALC = ROOT / "configs" / "tool_calc.yaml"
 
 
@@ -151,32 +151,16 @@ def tide_python_tool(agent, counts: Counter) -> Callable[[str], Coroutine[Any, A
     return python
 
 
-def warm_start(model, sequences: list, batch: int, steps: int, lr: float, weight_decay: float, clip: float,
-               pad_id: int) -> list[float]:
-    """tide's supervised warm start (orchestrator/warmup.py) in plain PyTorch on tide's demonstration sequences:
-    token-mean NLL over the loss-masked completion tokens of each step's batch, Adam, gradient clipping. Returns
-    the loss of every step."""
-    import torch
-
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    losses = []
-    for k in range(steps):
-        chunk = sequences[k * batch:(k + 1) * batch] or sequences[:batch]
-        width = max(len(s.prompt_ids) + len(s.completion_ids) for s in chunk)
-        ids = torch.full((len(chunk), width), pad_id)
-        mask = torch.zeros(len(chunk), width)
-        for row, s in enumerate(chunk):
-            full = s.prompt_ids + s.completion_ids
-            ids[row, :len(full)] = torch.tensor(full)
-            mask[row, len(s.prompt_ids):len(full)] = torch.tensor(s.trained_mask)
-        logp = model(ids).logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * mask[:, 1:]).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+def warm_start(model, tc, task, renderer, agent) -> None:
+    """The job's supervised warm start (orchestrator/warmup.py) in plain PyTorch (bench_common.sft_steps) on tide's
+    own demonstration sequences: `agent.demonstrations` lays out each written conversation as tide's warm start
+    does, token ids and per-token loss masks, the model's turns only."""
+    t = tc.trainer
+    conversations = task.sft_conversations(tc.seed, t.warmup_sft_steps * t.warmup_sft_batch)
+    sequences = agent.demonstrations(conversations, renderer.end_of_turn_ids())
+    losses = sft_steps(model, sequences, t.warmup_sft_batch, t.warmup_sft_steps, t.warmup_sft_lr, t.weight_decay,
+                       t.grad_clip, renderer.tokenizer.pad_token_id)
+    print(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
 
 
 def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
@@ -198,6 +182,7 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
     from orchestrator.model_source import resolve_model_dir
     from orchestrator.prompts import PromptRenderer, with_system_prompt
     from orchestrator.sandbox_service import SandboxService
+    from orchestrator.session import _model_context
     from rollout.tasks import Problem, make_task
 
     tc = parse_config(cfg, "run_trl_tools", ROOT / "configs")
@@ -213,7 +198,7 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
     task = make_task(tc.task)
     model_dir = resolve_model_dir(tc.model.path, tc.model.tiny, task, seed)
     renderer = PromptRenderer(AutoTokenizer.from_pretrained(model_dir), tc.model.chat_template, tc.model.system_prompt)
-    context = r.max_model_len or model_context(model_dir)
+    context = _model_context(model_dir, tc)
 
     sandbox = SandboxService.start(work, tc.sandbox.state_dir) if not tc.sandbox.url else None
     agent = None
@@ -222,13 +207,8 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
                       r.max_new_tokens, tc.sandbox.url or sandbox.url, tc.task.name, context, tc.deterministic)
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        n = t.warmup_sft_batch
         if t.warmup_sft_steps:
-            sequences = agent.demonstrations(task.sft_conversations(seed, t.warmup_sft_steps * n),
-                                             renderer.end_of_turn_ids())
-            losses = warm_start(model, sequences, n, t.warmup_sft_steps, t.warmup_sft_lr, t.weight_decay,
-                                t.grad_clip, renderer.tokenizer.pad_token_id)
-            print(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
+            warm_start(model, tc, task, renderer, agent)
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         template_checks = {"supports_tool_calling": supports_tool_calling(tokenizer),
@@ -305,27 +285,23 @@ def warm_started_model(cfg: dict, out: Path) -> Path:
     from orchestrator.config import parse_config
     from orchestrator.model_source import resolve_model_dir
     from orchestrator.prompts import PromptRenderer
+    from orchestrator.session import _model_context
     from rollout.tasks import make_task
 
     tc = parse_config(cfg, "warm_started_model", ROOT / "configs")
-    t, r = tc.trainer, tc.rollout
     task = make_task(tc.task)
     model_dir = resolve_model_dir(tc.model.path, tc.model.tiny, task, tc.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     renderer = PromptRenderer(tokenizer, tc.model.chat_template, tc.model.system_prompt)
     agent = Agent(tc.agent, AutoTokenizer.from_pretrained(model_dir), renderer.template, tc.model.system_prompt,
-                  r.max_new_tokens, "http://unused", tc.task.name, r.max_model_len or model_context(model_dir),
-                  tc.deterministic)
-    try:
-        sequences = agent.demonstrations(task.sft_conversations(tc.seed, t.warmup_sft_steps * t.warmup_sft_batch),
-                                         renderer.end_of_turn_ids())
-    finally:
-        agent.close()
+                  tc.rollout.max_new_tokens, "http://unused", tc.task.name, _model_context(model_dir, tc),
+                  tc.deterministic)  # lays out demonstrations only: no tool is called
     torch.manual_seed(tc.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    losses = warm_start(model, sequences, t.warmup_sft_batch, t.warmup_sft_steps, t.warmup_sft_lr, t.weight_decay,
-                        t.grad_clip, tokenizer.pad_token_id)
-    print(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
+    try:
+        warm_start(model, tc, task, renderer, agent)
+    finally:
+        agent.close()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -339,11 +315,6 @@ def trl_tools_worker(job: Path, out: Path) -> None:
     calls: list[float] = []
     rewards = run_trl_tools(cfg, job.parent / f"trl_{cfg['name']}", clock, tool_calls=calls)
     out.write_text(json.dumps({"rewards": rewards, "clock": clock, "tool_calls": calls}))
-
-
-def model_context(model_dir: str) -> int | None:
-    """The model's context in tokens, as tide's session reads it when rollout.max_model_len is unset."""
-    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
 
 
 def check_prompt_ids(trainer, agent, problems: list, system_prompt: str | None) -> None:

@@ -199,6 +199,34 @@ class Report:
         return out
 
 
+def sft_steps(model, sequences: list, batch: int, steps: int, lr: float, weight_decay: float, clip: float,
+              pad_id: int) -> list[float]:
+    """tide's supervised warm start (orchestrator/warmup.py) in plain PyTorch, for the TRL sides of the benches:
+    token-mean NLL over each step's `batch` TrainSequences (their trained_mask: every completion token, or a
+    trajectory's model turns), Adam, gradient clipping. Returns the loss of every step."""
+    import torch
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    for k in range(steps):
+        chunk = sequences[k * batch:(k + 1) * batch] or sequences[:batch]
+        width = max(len(s.prompt_ids) + len(s.completion_ids) for s in chunk)
+        ids = torch.full((len(chunk), width), pad_id)
+        mask = torch.zeros(len(chunk), width)
+        for row, s in enumerate(chunk):
+            full = s.prompt_ids + s.completion_ids
+            ids[row, :len(full)] = torch.tensor(full)
+            mask[row, len(s.prompt_ids):len(full)] = torch.tensor(s.trained_mask)
+        logp = model(ids).logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(logp * mask[:, 1:]).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def bench_arguments(doc: str | None = None) -> argparse.ArgumentParser:
     """The parser every bench starts from: `--quick` (under about 2 minutes on a 2-core machine)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

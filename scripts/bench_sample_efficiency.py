@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOT, Report, bench_arguments, ratio_of  # noqa: E402
+from bench_common import ROOT, Report, bench_arguments, ratio_of, sft_steps  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 TARGET, WINDOW = 0.5, 5
@@ -133,28 +133,11 @@ class _Answer:
 
 
 def warm_start(model, tokenizer, text_batch, task, seed: int, t: dict) -> None:
-    """tide's supervised warm start (orchestrator/warmup.py) in plain PyTorch: token-mean NLL of the reference
-    answers, Adam, gradient clipping; the RL optimizer starts fresh afterwards, as in tide."""
-    import torch
-
-    n, steps = t["warmup_sft_batch"], t["warmup_sft_steps"]
-    examples = task.sft_examples(seed, steps * n)
-    opt = torch.optim.Adam(model.parameters(), lr=t["warmup_sft_lr"], weight_decay=t.get("weight_decay", 0.0))
-    for k in range(steps):
-        batch = text_batch(tokenizer, examples[k * n:(k + 1) * n])
-        width = max(len(s.prompt_ids) + len(s.completion_ids) for s in batch.sequences)
-        ids = torch.full((len(batch.sequences), width), tokenizer.pad_token_id)
-        mask = torch.zeros(len(batch.sequences), width)
-        for row, s in enumerate(batch.sequences):
-            full = s.prompt_ids + s.completion_ids
-            ids[row, :len(full)] = torch.tensor(full)
-            mask[row, len(s.prompt_ids):len(full)] = 1.0
-        logp = model(ids).logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * mask[:, 1:]).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.get("grad_clip", 1.0))
-        opt.step()
+    """tide's supervised warm start on the task's reference answers (bench_common.sft_steps); the RL optimizer
+    starts fresh afterwards, as in tide."""
+    examples = task.sft_examples(seed, t["warmup_sft_steps"] * t["warmup_sft_batch"])
+    sft_steps(model, text_batch(tokenizer, examples).sequences, t["warmup_sft_batch"], t["warmup_sft_steps"],
+              t["warmup_sft_lr"], t.get("weight_decay", 0.0), t.get("grad_clip", 1.0), tokenizer.pad_token_id)
 
 
 def main() -> None:

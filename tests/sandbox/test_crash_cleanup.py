@@ -91,6 +91,7 @@ def test_a_service_whose_parent_dies_shuts_down_and_cleans_up(service):
     its slot cgroups and state removed, as on SIGTERM."""
     import socket
 
+    from rollout.engine_proc import pids_alive, wait_gone
     from sandbox.cgroups import CgroupPool, detect
 
     with socket.socket() as sock:
@@ -112,24 +113,14 @@ def test_a_service_whose_parent_dies_shuts_down_and_cleans_up(service):
         assert pool.owned_by(served) and (STATE / str(served)).exists()
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 30
-        while _alive(served):
-            assert time.monotonic() < deadline, "the service outlived the process that started it by 30 s"
-            time.sleep(0.1)
+        # a re-parented service is reaped by whoever adopts it, maybe never in a container: a zombie counts as gone
+        assert not wait_gone([served], 30), "the service outlived the process that started it by 30 s"
         assert not pool.owned_by(served), "slot cgroups of the service remain"
         assert not (STATE / str(served)).exists(), "state of the service remains"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
-        if _alive(served):
+        if pids_alive([served]):
             os.kill(served, signal.SIGKILL)
     STATE.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie (a re-parented child is reaped by whoever adopts it, maybe never in a container)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
