@@ -70,6 +70,11 @@ class WeightSync(ABC):
         """Keep the newest `publish.keep_last` iterations up to `newest`; free the older ones."""
 
     def close(self) -> None:
+        self.release_local()
+
+    def release_local(self) -> None:
+        """Remove what the run keeps in shared memory on this machine: the part of `close` that needs no Ray
+        (a run whose Ray cluster died can still do it)."""
         shutil.rmtree(self.root, ignore_errors=True)
         _remove_if_empty(Path(self.cfg.shm_root))
 
@@ -161,7 +166,10 @@ class MooncakeSync(WeightSync):
                 pass
             ray.kill(a)
         self.sinks = []
-        super().close()
+        self.release_local()
+
+    def release_local(self) -> None:
+        super().release_local()
         for k in range(self.engines):
             shutil.rmtree(self._rollout_root(k) / self.run, ignore_errors=True)
             _remove_if_empty(self._rollout_root(k))

@@ -5,6 +5,10 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.engine_proc import process_tree, wait_gone
 
 # Local single-user clusters: no token auth, no usage stats. Set before Ray is imported anywhere. The GCS keeps the
 # events of the last task_events_max_num_task_in_gcs tasks (Ray's default 100,000): over 1,000 quickstart iterations
@@ -22,10 +26,29 @@ class Cluster:
     else, whose connection (and cluster) `shutdown` leaves alone."""
 
     connected_here: bool
+    node: Any = None  # Ray's Node of a local cluster started here: its raylet and GCS are this process's children
+
+    def head_lost(self) -> bool:
+        """True when the local cluster started here has lost its raylet: killed with the run's process group
+        (a scheduler's SIGTERM reaches every process of the job, Ray's too) or by the OOM killer. Every Ray call
+        then waits out its timeout, and ray.shutdown ends this process at once (the core worker's exit when its
+        raylet is unreachable), before whatever cleanup comes after it."""
+        if self.node is None:
+            return False
+        return any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", []))
+
+    def abandon(self) -> None:
+        """End what is left of a local cluster whose raylet died, by pid, without asking Ray. The driver's own
+        disconnect is left to Ray's exit hook, after everything else: with its raylet dead it can end the
+        process on the spot (measured once: exit 1, status.json and the sandbox's stop never reached)."""
+        self.node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        self.node, self.connected_here = None, False
 
     def shutdown(self) -> None:
         import ray
 
+        if self.head_lost():  # died while the run was stopping: ray.shutdown would end this process
+            self.abandon()
         # Disconnecting from a joined cluster leaves it running; a cluster started here stops with it.
         if self.connected_here and ray.is_initialized():
             ray.shutdown()
@@ -49,4 +72,24 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None, lo
         # ray.init installs a native failure handler that turns SIGTERM into an abort (exit 134, no cleanup):
         # give the process back the handler it had (the CLI's: unwind like Ctrl-C).
         signal.signal(signal.SIGTERM, handler)
-    return Cluster(connected_here=True)
+    return Cluster(connected_here=True, node=None if address else ray._private.worker._global_node)
+
+
+def kill_workers(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL those of `pids` that are Ray worker processes (`ray::...`; a pid recorded earlier may have been
+    reused since) and their children; those still alive after `timeout_s`."""
+    targets = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # gone already
+            continue
+        if cmdline.startswith(b"ray::"):
+            targets += process_tree(pid)
+    for pid in targets:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return wait_gone(targets, timeout_s)
+

@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from ckpt_transfer.manifest import Manifest
+from orchestrator.cluster import kill_workers
 from rollout.config import EngineConfig
 from rollout.engine_proc import wait_gone
 from rollout.samples import Samples
@@ -20,7 +21,7 @@ from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
 
 log = logging.getLogger(__name__)
-ACTOR_EXIT_TIMEOUT_S = 30.0
+ACTOR_EXIT_TIMEOUT_S = 5.0
 
 
 class RolloutGroup:
@@ -155,5 +156,7 @@ class RolloutGroup:
             ray.kill(e)
         self.engines = []
         if alive := wait_gone(local, ACTOR_EXIT_TIMEOUT_S):
-            log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill", alive,
+            # Ray could not end them (its raylet died with the run: a scheduler's SIGTERM to the whole job)
+            log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill: SIGKILL", alive,
                         ACTOR_EXIT_TIMEOUT_S)
+            kill_workers(alive)

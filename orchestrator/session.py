@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
 from orchestrator.checkpointing import restore_checkpoint
-from orchestrator.cluster import connect
+from orchestrator.cluster import Cluster, connect, kill_workers
 from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import agent_probe_problems, probe_problems
@@ -72,6 +73,8 @@ class Session:
     agent_probe: list[Problem] = field(default_factory=list)  # the probe's multi-turn problems (with `agent:`)
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
+    _ray_side: ExitStack = field(default_factory=ExitStack, repr=False)  # the part of _teardown that asks Ray
+    _cluster: Cluster | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, cfg: TideConfig, run: RunDir, resume: bool) -> "Session":
@@ -116,13 +119,16 @@ class Session:
             ray = cfg.ray
             startup = _StartupClock()
             with startup("startup/ray"):
-                stack.callback(connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver).shutdown)
+                cluster = connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver)
+            stack.callback(cluster.shutdown)
+            # The stops that ask Ray (actors, placement groups): dropped when the local raylet has died (close).
+            ray_side = stack.enter_context(ExitStack())
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
             try:
                 placement = Placement.reserve(cfg.trainer, cfg.rollout, cfg.placement.mode, cfg.placement.rollout_cpus)
             except ValueError as e:  # a split of this host's cores that cannot be made
                 raise ConfigError(str(e)) from None
-            stack.callback(placement.release)
+            ray_side.callback(placement.release)
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
                 engine = cfg.rollout.engine_config(cfg.iterations)
@@ -130,7 +136,7 @@ class Session:
                 group = RolloutGroup(dirs, engine, dtype=cfg.model.dtype,
                                      seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
                                      stop_token_ids=task.renderer.end_of_turn_ids(), placement=placement.engine)
-                stack.callback(group.shutdown)
+                ray_side.callback(group.shutdown)
                 return group
 
             # With in-place reloads the engines start on the base model while the trainer starts (and warms
@@ -143,11 +149,11 @@ class Session:
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
                                        placement=placement.trainer_rank, cpus=placement.trainer_cpus)
-            stack.callback(trainer.shutdown)
+            ray_side.callback(trainer.shutdown)
             weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace,
                                        placement=placement.agents(cfg.rollout.engines, trainer.node_id))
-            stack.callback(weights.close)
+            ray_side.callback(weights.close)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
             session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early,
                           agent=agent, agent_probe=agent_probe_problems(task, cfg.seed, 2) if agent else [])
@@ -155,6 +161,7 @@ class Session:
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
             run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids())
+            session._cluster, session._ray_side = cluster, ray_side
             session._teardown = stack.pop_all()
             gc.collect()
             gc.freeze()  # the driver's start-up heap: kept out of the full collections between iterations
@@ -239,8 +246,25 @@ class Session:
     def close(self) -> None:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
         and remove the run's shared memory."""
+        if self._cluster is not None and self._cluster.head_lost():
+            self._end_without_ray()
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
+
+    def _end_without_ray(self) -> None:
+        """The local cluster's raylet has died, so no Ray call can be answered and each stop would wait out its
+        timeout (a minute in all, measured): the run's engines and trainer ranks (status.json has their pids)
+        are SIGKILLed, its shared memory removed and the rest of the cluster ended by pid. What does not need Ray
+        (the sandbox, status.json, the exit code) then ends as usual."""
+        status = self.run.status()
+        pids = [*status.get("engine_pids", []), *status.get("trainer_pids", [])]
+        console.log(f"[red]Ray's raylet has died[/]: ending the run's engines and trainer ranks (pids {pids}) "
+                    f"without it")
+        if alive := kill_workers(pids):
+            console.log(f"[red]processes {alive} still alive 10 s after SIGKILL")
+        self._ray_side.pop_all()  # dropped: each would ask the dead raylet
+        self.weights.release_local()
+        self._cluster.abandon()
 
 
 def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
@@ -271,7 +295,6 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
 def _model_context(model_dir: str, cfg: TideConfig) -> int | None:
     """The engines' context in tokens: rollout.max_model_len, else the model's max_position_embeddings."""
     import json
-    from pathlib import Path
 
     return cfg.rollout.max_model_len or json.loads((Path(model_dir) / "config.json").read_text()).get(
         "max_position_embeddings")
