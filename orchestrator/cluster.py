@@ -31,23 +31,22 @@ class Cluster:
     def head_lost(self) -> bool:
         """True when the local cluster started here has lost its raylet: killed with the run's process group
         (a scheduler's SIGTERM reaches every process of the job, Ray's too) or by the OOM killer. Every Ray call
-        then waits out its timeout, and ray.shutdown ends this process at once (the core worker's exit when its
-        raylet is unreachable), before whatever cleanup comes after it."""
+        then waits out its timeout, and ray.shutdown may end this process on the spot (the core worker exits when
+        its raylet is unreachable; seen once: exit 1, before status.json was written)."""
         if self.node is None:
             return False
         return any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", []))
 
     def abandon(self) -> None:
         """End what is left of a local cluster whose raylet died, by pid, without asking Ray. The driver's own
-        disconnect is left to Ray's exit hook, after everything else: with its raylet dead it can end the
-        process on the spot (measured once: exit 1, status.json and the sandbox's stop never reached)."""
+        disconnect is left to Ray's exit hook, after everything else (see head_lost)."""
         self.node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         self.node, self.connected_here = None, False
 
     def shutdown(self) -> None:
         import ray
 
-        if self.head_lost():  # died while the run was stopping: ray.shutdown would end this process
+        if self.head_lost():  # died while the run was stopping: ray.shutdown could end this process
             self.abandon()
         # Disconnecting from a joined cluster leaves it running; a cluster started here stops with it.
         if self.connected_here and ray.is_initialized():
@@ -92,4 +91,3 @@ def kill_workers(pids: list[int], timeout_s: float = 10.0) -> list[int]:
         except ProcessLookupError:
             pass
     return wait_gone(targets, timeout_s)
-
