@@ -142,7 +142,7 @@ def run_iterations(s: Session) -> None:
                                       "policy that sampled it", bound_origin)
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
-                delivery = s.sync(manifest)
+                delivery, rec["parts"] = s.sync(manifest)
                 rec["bytes"] = manifest.nbytes
             scheduler.synced(it)
             probe = {}

@@ -36,6 +36,7 @@ from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup, check_routing_replay
 from orchestrator.warmup import warm_start
+from rollout.engine_proc import pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
@@ -82,7 +83,7 @@ class Session:
         from transformers import AutoTokenizer
 
         with ExitStack() as stack:
-            sandbox_url = cfg.sandbox.url
+            sandbox_url, sandbox = cfg.sandbox.url, None
             if cfg.needs_sandbox() and not sandbox_url:
                 from orchestrator.sandbox_service import SandboxService
 
@@ -129,6 +130,11 @@ class Session:
             except ValueError as e:  # a split of this host's cores that cannot be made
                 raise ConfigError(str(e)) from None
             ray_side.callback(placement.release)
+            if sandbox is not None and placement.engine_cpus:
+                # Tool calls and code rewards run where generation runs, off the trainer's cores: an agent's
+                # engine idles while its tools run, and a batch drawn ahead must not slow the train step.
+                for pid in process_tree(sandbox.process.pid):
+                    pin_threads(placement.engine_cpus, pid)
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
                 engine = cfg.rollout.engine_config(cfg.iterations)
@@ -233,15 +239,18 @@ class Session:
         self.weights.publish(manifest)
         return manifest
 
-    def sync(self, manifest: Manifest, first: bool = False) -> Delivery:
+    def sync(self, manifest: Manifest, first: bool = False) -> tuple[Delivery, dict[str, float]]:
         """Bring every engine onto `manifest` (each loads the copy on its own node), then collect old
         iterations. `first`: the engines serve the base checkpoint, which may be stored otherwise (dtype,
-        tensor names) than the trainer publishes; an engine then restarts on the publish instead."""
+        tensor names) than the trainer publishes; an engine then restarts on the publish instead. Returns the
+        delivery and where the time went: `pull` (the transfer to the engines' nodes, with transfer.enabled),
+        `verify` (checksums) and `load`, each the slowest engine's."""
         delivery = self.weights.pull(manifest)
-        self.rollout.sync(delivery.manifests, self.cfg.rollout.sync_mode, restart_if_layout_differs=first)
+        loads = self.rollout.sync(delivery.manifests, self.cfg.rollout.sync_mode, restart_if_layout_differs=first)
         self.weights.gc(manifest.iteration)
         self.run.set_status(engine_pids=self.rollout.engine_pids())
-        return delivery
+        parts = {"pull": delivery.seconds} if self.cfg.transfer.enabled else {}
+        return delivery, parts | {"verify": max(r["verify_s"] for r in loads), "load": max(r["load_s"] for r in loads)}
 
     def close(self) -> None:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,

@@ -108,6 +108,8 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
             assert 0 <= m["eval/pass@1"] <= 1 and 0 <= m["eval/pass@3"] <= 1
     assert (reference_run / "tb").is_dir() and any((reference_run / "tb").iterdir())
     assert all(t["bytes"] > 0 for t in timings if t["phase"] in ("publish", "sync"))
+    for t in (t for t in timings if t["phase"] == "sync"):  # the engine's checksums and its load, within the phase
+        assert set(t["parts"]) == {"verify", "load"} and 0 < sum(t["parts"].values()) <= t["seconds"], t
     for m in metrics:  # what a TRL / veRL user reads (kimi's loss: no clipping, so no clip fractions)
         assert m["entropy"] > 0 and m["logp_mean"] < 0 and m["tokens"] > 0 and m["prompt_tokens"] > 0, m
         assert 0 <= m["zero_std_groups"] <= 1 and m["reward_std"] >= 0 and 0 <= m["clipped_ratio"] <= 1, m

@@ -1,7 +1,10 @@
-"""scripts/bench_async.py's iteration clock, on timings written by hand: an iteration ends with the latest end of
-its phases, a batch drawn ahead (which started in the iteration before) included but never later than that."""
+"""scripts/bench_async.py on timings written by hand: an iteration ends with the latest end of its phases, a batch
+drawn ahead (which started in the iteration before) included but never later than that; a weight update takes from
+the end of the train step to the end of the sync; the copies time the bytes they are given."""
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -22,3 +25,33 @@ def test_iteration_ends_by_hand(monkeypatch):
         {"iteration": "startup", "phase": "x", "start": 99.0, "seconds": 1.0},
     ]
     assert bench_async.iteration_ends(timings) == {1: 13.5, 2: 15.5}
+
+
+def test_update_latency_by_hand(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    sys.modules.pop("bench_async", None)
+    import bench_async
+
+    timings = []
+    for it, (train_end, publish, gap, sync) in enumerate([(5.0, 1.0, 0.0, 2.0), (20.0, 0.5, 0.1, 0.4),
+                                                          (40.0, 0.7, 0.05, 0.6)], start=1):
+        timings += [{"iteration": it, "phase": "train", "start": train_end - 3.0, "seconds": 3.0},
+                    {"iteration": it, "phase": "publish", "start": train_end + gap, "seconds": publish,
+                     "bytes": 1000 + it},
+                    {"iteration": it, "phase": "sync", "start": train_end + gap + publish, "seconds": sync,
+                     "parts": {"verify": sync / 4, "load": sync / 2}}]
+    got = bench_async.latency_figures(timings, 3)
+    assert got["latency_per_iteration_s"] == [pytest.approx(1.0), pytest.approx(1.35)]  # iteration 1 left out
+    assert got["latency_s"] == pytest.approx(1.175)
+    assert got["publish_s"] == pytest.approx(0.6) and got["sync_s"] == pytest.approx(0.5) and got["bytes"] == 1003
+    assert got["verify_s"] == pytest.approx(0.125) and got["load_s"] == pytest.approx(0.25)
+
+
+def test_copy_floor_copies_the_bytes(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    sys.modules.pop("bench_async", None)
+    import bench_async
+
+    small, large = bench_async.new_file_copy(1 << 20), bench_async.new_file_copy(64 << 20)
+    assert 0 < small < large
+    assert 0 < bench_async.memcpy_floor(1 << 20) < bench_async.memcpy_floor(64 << 20)
