@@ -146,7 +146,7 @@ class PlacementConfig(Strict):
     mode: Literal["colocated", "disaggregated"] | None = Field(
         None, description="`colocated`: the engines and the trainer ranks take turns on the same CPU cores (each "
         "phase gets them all); `disaggregated`: they get disjoint cores on CPU (placement.rollout_cpus for the "
-        "engines, the rest for the ranks), disjoint GPUs on cuda, so that a rollout overlapping training "
+        "engines and the run's own sandbox service, the rest for the ranks), disjoint GPUs on cuda, so that a rollout overlapping training "
         "(rollout.max_staleness 1) runs beside it instead of on its cores. null: colocated on CPU, "
         "disaggregated where trainer or engines use GPUs (sharing a GPU between them is not built).")
     rollout_cpus: int | None = Field(None, ge=1, description="Disaggregated on CPU: how many of the host's cores "

@@ -7,8 +7,9 @@ pulls each iteration into that node's shared memory, where engine k loads it) ar
 k, so they share a node; the source agent runs on the trainer's node. On GPUs engines and ranks never share a GPU
 (placement.mode disaggregated). On CPU (one machine, the embedded default) nothing is reserved: colocated, the
 phases take turns on all the host's cores; disaggregated, the engines' compute threads are bound to the first
-placement.rollout_cpus cores (vLLM's VLLM_CPU_OMP_THREADS_BIND) and the trainer ranks' processes to the others
-(`pin_threads`), so a rollout drawn ahead (rollout.max_staleness 1) runs beside the train step, not on its cores."""
+placement.rollout_cpus cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; the run's own sandbox service with them, bound by
+the session) and the trainer ranks' processes to the others (`pin_threads`), so a rollout drawn ahead
+(rollout.max_staleness 1) runs beside the train step, not on its cores."""
 from __future__ import annotations
 
 import os

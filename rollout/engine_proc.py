@@ -16,10 +16,15 @@ from pathlib import Path
 _SEGMENT_PREFIXES = ("psm_", "vllm_dist_")
 
 
-def pin_threads(cpus: Iterable[int]) -> None:
-    """Bind every thread of this process to `cpus`; the threads and processes it starts later inherit that."""
+def pin_threads(cpus: Iterable[int], pid: int | str = "self") -> None:
+    """Bind every thread of process `pid` (this one by default) to `cpus`; the threads and processes it starts
+    later inherit that."""
     cpus = set(cpus)
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # the process is gone
+        return
+    for tid in tids:
         try:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:  # a thread that ended meanwhile

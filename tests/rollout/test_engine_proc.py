@@ -1,8 +1,11 @@
 """The process helpers the engine teardown and the rollout group's shutdown rely on (no vLLM needed)."""
+import os
 import subprocess
 import time
 
-from rollout.engine_proc import pids_alive, sweep_private_dirs, wait_gone
+import pytest
+
+from rollout.engine_proc import pids_alive, pin_threads, sweep_private_dirs, wait_gone
 
 
 def test_wait_gone_returns_once_the_process_exits_and_counts_a_zombie_as_gone():
@@ -40,3 +43,32 @@ def test_private_dirs_of_gone_engines_are_swept_and_live_ones_kept(tmp_path):
     assert sweep_private_dirs(tmp_path) == [dead]
     assert not dead.exists() and live.is_dir() and other.is_dir()
     assert sweep_private_dirs(tmp_path / "absent") == []
+
+
+def test_pin_threads_binds_every_thread_of_another_process_and_what_it_starts_later():
+    """How a run binds its sandbox service to the engines' cores (placement.mode disaggregated): every thread of
+    the process, and the processes it starts afterwards inherit it."""
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one core: binding to it changes nothing")
+    code = ("import os, subprocess, sys, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+            "child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+            " capture_output=True, text=True)\n"
+            "print(child.stdout.strip(), flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        pin_threads(cpus[:1], proc.pid)
+        threads = os.listdir(f"/proc/{proc.pid}/task")
+        assert len(threads) >= 2 and all(os.sched_getaffinity(int(t)) == set(cpus[:1]) for t in threads)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == str(cpus[:1])
+    finally:
+        proc.kill()
+        proc.wait()
+    pin_threads(cpus, 2**22 + 7)  # no such process: nothing to bind
