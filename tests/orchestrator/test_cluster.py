@@ -11,3 +11,37 @@ def test_shutdown_leaves_a_connection_made_elsewhere_alone(ray_cluster):
     cluster.shutdown()
     assert ray.is_initialized()
     assert ray.get(ray.put(7), timeout=30) == 7
+
+
+# A cluster of its own in a child process (the test session's Ray is already initialised in this one).
+LOST_RAYLET = r"""
+import json, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from orchestrator.cluster import connect
+from rollout.engine_proc import pids_alive
+cluster = connect(None, "tide_test_lost", 1)
+procs = cluster.node.all_processes
+raylet, gcs = procs["raylet"][0].process.pid, procs["gcs_server"][0].process.pid
+before = cluster.head_lost()
+os.kill(raylet, signal.SIGKILL)
+deadline = time.monotonic() + 30
+while not cluster.head_lost() and time.monotonic() < deadline:
+    time.sleep(0.05)
+after = cluster.head_lost()
+cluster.shutdown()
+print(json.dumps({{"before": before, "after": after, "left": pids_alive([raylet, gcs])}}))
+"""
+
+
+def test_a_local_cluster_that_lost_its_raylet_is_ended_by_pid(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "lost.py"
+    script.write_text(LOST_RAYLET.format(root=str(root)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "left": []}
