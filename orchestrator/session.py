@@ -35,7 +35,7 @@ from orchestrator.rewards import reward_columns
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup, check_routing_replay
-from orchestrator.warmup import warm_start
+from orchestrator.warmup import WARMUP_STOP_WINDOW, warm_start
 from rollout.engine_proc import pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
@@ -210,7 +210,10 @@ class Session:
                 with run.phase(0, "warmup"):
                     losses = warm_start(self.trainer, self.task, cfg.trainer, cfg.seed, self.agent,
                                         on_step=self._warm_start_progress)
-                console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+                early = (f" (mean of the last {WARMUP_STOP_WINDOW} at most trainer.warmup_sft_stop_loss "
+                         f"{cfg.trainer.warmup_sft_stop_loss:g})" if len(losses) < cfg.trainer.warmup_sft_steps else "")
+                console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+                            + early)
         moved = restored is not None or cfg.trainer.warmup_sft_steps > 0
         if self.rollout is None:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration)) if moved else \

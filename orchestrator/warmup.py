@@ -12,9 +12,21 @@ from trainer.batch import TrainBatch, TrainSequence
 from trainer.config import TrainerConfig
 
 
+WARMUP_STOP_WINDOW = 10  # steps whose mean loss trainer.warmup_sft_stop_loss bounds
+
+
+def reached(losses: list[float], stop_loss: float | None) -> bool:
+    """Whether a warm-up with these step losses so far is done by trainer.warmup_sft_stop_loss: the mean of the
+    last WARMUP_STOP_WINDOW steps at most `stop_loss` (never before that many steps)."""
+    if stop_loss is None or len(losses) < WARMUP_STOP_WINDOW:
+        return False
+    return sum(losses[-WARMUP_STOP_WINDOW:]) / WARMUP_STOP_WINDOW <= stop_loss
+
+
 def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None,
                on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Returns the loss of every step; `on_step(step, loss)` hears of each as it ends (1-based). With an `agent`
+    """Returns the loss of every step taken (fewer than warmup_sft_steps when warmup_sft_stop_loss ends it early);
+    `on_step(step, loss)` hears of each as it ends (1-based). With an `agent`
     (orchestrator/agent_rollout.py) and a task that writes multi-turn demonstrations (`sft_conversations`), those
     are trained on, laid out as the agent's rollouts lay out trajectories, the model's turns only."""
     n = cfg.warmup_sft_batch
@@ -32,6 +44,8 @@ def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, se
         losses.append(trainer.train_step(TrainBatch(chunk), mode="sft", lr=cfg.warmup_sft_lr)["loss"])
         if on_step is not None:
             on_step(k + 1, losses[-1])
+        if reached(losses, cfg.warmup_sft_stop_loss):
+            break
     if cfg.warmup_sft_reset_optimizer:
         trainer.reset_optimizer()
     trainer.snapshot_reference()  # trainer.kl's reference is the policy RL starts from

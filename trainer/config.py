@@ -136,6 +136,11 @@ class TrainerConfig(_Strict):
                                   "RL starts, so that RL starts from a policy that sometimes succeeds; 0: none.")
     warmup_sft_batch: int = Field(64, gt=0, description="Examples per supervised warm-up step.")
     warmup_sft_lr: float = Field(1e-5, gt=0, description="Learning rate of the supervised warm-up.")
+    warmup_sft_stop_loss: float | None = Field(
+        None, gt=0, description="End the supervised warm-up early, once the mean loss of its last "
+        "WARMUP_STOP_WINDOW (10) steps is at most this; warmup_sft_steps stays the most it takes. Where a skill "
+        "appears abruptly, a loss level marks how far the warm-up got better than a step count, which the initial "
+        "weights move; null: always warmup_sft_steps.")
     # false carries Adam moments fitted to another objective, at another learning rate, into RL
     warmup_sft_reset_optimizer: bool = Field(
         True, description="Start RL with a fresh optimizer after the warm-up, as after a separate SFT run; false "
