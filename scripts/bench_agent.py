@@ -42,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, Report, bench_arguments, ratio_of, repeats_for  # noqa: E402
 
 OVERLAP_TARGET = 1.3
-# The shared warm start (--parts trl). The config's 240 steps are tuned to tide's warm start; the PyTorch one lags
-# it slightly (loss 0.084 against 0.040 at step 240, seed 1), and the copy skill appears abruptly: from PyTorch's
-# 240 steps both sides started RL at reward 0.01, from 270 at 0.4, from 255 at 0.07 (three iterations each).
+# The shared warm start (--parts trl): a fixed number of steps, the config's loss bound (warmup_sft_stop_loss) off,
+# as measured. The config's warm start was 240 steps then, tuned to tide's; the PyTorch one lags it slightly (loss
+# 0.084 against 0.040 at step 240, seed 1), and the copy skill appears abruptly: from PyTorch's 240 steps both
+# sides started RL at reward 0.01, from 270 at 0.4, from 255 at 0.07 (three iterations each).
 SHARED_WARMUP_STEPS = 255
 LATENCY_S = (0.1, 2.0)  # a tool call's round trip, drawn per call
 
@@ -97,7 +98,7 @@ def trl_part(report: Report, seeds: list[int], iterations: int, warmup_steps: in
             cfg = json.loads(json.dumps(base))
             cfg.update(seed=seed, iterations=iterations, save_every=iterations, name=f"agent_vs_trl_{seed}",
                        eval={"every": 0})
-            cfg["trainer"]["warmup_sft_steps"] = warmup_steps
+            cfg["trainer"] |= {"warmup_sft_steps": warmup_steps, "warmup_sft_stop_loss": None}
             start = warm_started_model(cfg, Path(tmp) / f"warm_{seed}")
             cfg["model"] = {"path": str(start), "dtype": cfg["model"]["dtype"]}
             cfg["trainer"]["warmup_sft_steps"] = 0

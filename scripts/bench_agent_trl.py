@@ -7,7 +7,8 @@ The same job on both sides, read from the config:
 - the same tiny model directory tide builds, and the same supervised warm start: tide's own demonstration
   sequences (`Agent.demonstrations`: token ids and per-token loss masks, the model's turns only), trained in plain
   PyTorch as tide's trainer trains them (token-mean NLL over the masked tokens, Adam at trainer.warmup_sft_lr,
-  trainer.warmup_sft_batch per step, gradient clipping); the RL optimizer starts fresh afterwards;
+  trainer.warmup_sft_batch per step, gradient clipping, ended by trainer.warmup_sft_stop_loss as tide ends it);
+  the RL optimizer starts fresh afterwards;
 - the same prompts in the same order (`task.problems(seed, it, prompts_per_iteration)`), the same messages and tool
   schema, rendered to the same token ids (checked at start-up: a mismatch stops the run);
 - rollout.n_samples trajectories per prompt (`num_generations`), trainer.updates_per_iteration optimizer steps per
@@ -159,7 +160,7 @@ def warm_start(model, tc, task, renderer, agent) -> None:
     conversations = task.sft_conversations(tc.seed, t.warmup_sft_steps * t.warmup_sft_batch)
     sequences = agent.demonstrations(conversations, renderer.end_of_turn_ids())
     losses = sft_steps(model, sequences, t.warmup_sft_batch, t.warmup_sft_steps, t.warmup_sft_lr, t.weight_decay,
-                       t.grad_clip, renderer.tokenizer.pad_token_id)
+                       t.grad_clip, renderer.tokenizer.pad_token_id, t.warmup_sft_stop_loss)
     print(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
 
 

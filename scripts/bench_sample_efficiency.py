@@ -137,7 +137,8 @@ def warm_start(model, tokenizer, text_batch, task, seed: int, t: dict) -> None:
     starts fresh afterwards, as in tide."""
     examples = task.sft_examples(seed, t["warmup_sft_steps"] * t["warmup_sft_batch"])
     sft_steps(model, text_batch(tokenizer, examples).sequences, t["warmup_sft_batch"], t["warmup_sft_steps"],
-              t["warmup_sft_lr"], t.get("weight_decay", 0.0), t.get("grad_clip", 1.0), tokenizer.pad_token_id)
+              t["warmup_sft_lr"], t.get("weight_decay", 0.0), t.get("grad_clip", 1.0), tokenizer.pad_token_id,
+              t.get("warmup_sft_stop_loss"))
 
 
 def main() -> None:
