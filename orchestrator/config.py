@@ -247,6 +247,9 @@ class TideConfig(Strict):
                 raise ValueError("placement.rollout_cpus splits CPU cores; with GPUs engines and ranks get their own "
                                  "GPUs: remove it")
             if self.agent is not None:
+                if r.partial_rollout:
+                    raise ValueError("rollout.partial_rollout with `agent:` is not built: multi-turn trajectories are "
+                                     "sampled whole (max_staleness 1 overlaps them with training)")
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
                                      "use agent.tools")

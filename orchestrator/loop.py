@@ -15,6 +15,7 @@ from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, behaviour_gap, check_logprob_gap,
                                         logprob_gap, probe_due)
 from orchestrator.mismatch import use_trainer_old_logprobs
+from orchestrator.partial_rollouts import OpenGroup, PartialDraw, mask_stale, sample_partially, token_staleness
 from orchestrator.reward_functions import TrainerState
 from orchestrator.rewards import reward_phase
 from orchestrator.rundir import PhaseRecord
@@ -42,9 +43,13 @@ def replay_gaps(train: dict) -> dict[str, float]:
             if f"behaviour_gap_{how}" in train}
 
 
-def staleness_metrics(drawn: Drawn) -> dict[str, float]:
-    """The batch's staleness (policy versions between its sampler and its trainer) and that sampler."""
-    return {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
+def staleness_metrics(drawn: Drawn, masked: int) -> dict[str, float]:
+    """The batch's staleness (policy versions between its last sampler and its trainer) and that sampler; with
+    partial rollouts per token and per sample, and the tokens left out beyond the bound (none by schedule)."""
+    out = {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
+    if "partial_continued" in drawn.rolled.metrics:
+        out |= token_staleness(drawn.rolled.samples, drawn.iteration - 1, drawn.version)
+    return out | ({"stale_masked_tokens": masked} if masked or "partial_continued" in drawn.rolled.metrics else {})
 
 
 def gap_metrics(drawn: Drawn, gap: float) -> dict[str, float]:
@@ -68,22 +73,41 @@ def rollout(s: Session, problems: list[Problem], seed: int, version: int) -> Rol
     return s.agent.rollout(engine_turns(s.rollout, s.sampling), problems, r.n_samples, seed, version)
 
 
-def draw(s: Session, iteration: int, version: int) -> Drawn:
-    """Iteration `iteration`'s batch, sampled by the engines, which serve policy `version`."""
+def partial_rollout(s: Session, problems: list[Problem], carried: list[OpenGroup], seed: int, version: int,
+                    last: bool) -> PartialDraw:
+    """rollout.partial_rollout: the groups `carried` over continued and the new ones opened, a segment each; the
+    batch is the groups ended now, at least enough to give every mini-batch of every data-parallel replica a
+    sample."""
+    r, t, p = s.cfg.rollout, s.cfg.trainer, s.cfg.trainer.parallel
+    return sample_partially(
+        lambda requests: s.rollout.generate(requests, 1, r.max_new_tokens, s.sampling, seed), problems, carried,
+        n_samples=r.n_samples, max_new_tokens=r.max_new_tokens, segment_tokens=r.segment_tokens,
+        max_draws=r.max_staleness, min_groups=-(-t.updates_per_iteration * p.dp * p.ep // r.n_samples), seed=seed,
+        version=version, finish_all=last,
+        decode=lambda ids: s.task.renderer.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup]) -> Drawn:
+    """Iteration `iteration`'s batch, sampled by the engines, which serve policy `version`; with partial rollouts,
+    the groups ended now of those `carried` over and of the new ones, the others set aside."""
     r = s.cfg.rollout
     problems, rendering = s.task.rendered_problems(s.cfg.seed, iteration, r.prompts_per_iteration)
     if not problems:
         raise RuntimeError(f"iteration {iteration}: all {r.prompts_per_iteration} prompts are longer than "
                            f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
-    started, t0 = time.time(), time.perf_counter()
-    rolled = rollout(s, problems, sampling_seed(s.cfg.seed, iteration), version)
-    return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0)
+    started, t0, seed = time.time(), time.perf_counter(), sampling_seed(s.cfg.seed, iteration)
+    if not r.partial_rollout:
+        rolled = rollout(s, problems, seed, version)
+        return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0)
+    part = partial_rollout(s, problems, carried, seed, version, last=iteration == s.cfg.iterations)
+    return Drawn(iteration, part.problems, rendering, Rollout(part.samples, part.metrics), version, started,
+                 time.perf_counter() - t0, set_aside=part.set_aside)
 
 
 def run_iterations(s: Session) -> None:
     cfg, run, r, t = s.cfg, s.run, s.cfg.rollout, s.cfg.trainer
-    scheduler = RolloutScheduler(lambda it, version: draw(s, it, version), r.max_staleness, s.start_iteration,
-                                 cfg.iterations)
+    scheduler = RolloutScheduler(lambda it, version, carried: draw(s, it, version, carried), r.max_staleness,
+                                 s.start_iteration, cfg.iterations)
     scheduler.load_ahead(run.latest_checkpoint() if s.start_iteration else None)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress, scheduler:
@@ -106,6 +130,7 @@ def run_iterations(s: Session) -> None:
                     s.task, problems, samples, t.length_penalty, s.reward_functions,
                     trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
+            masked = mask_stale(samples, it - 1, r.max_staleness, drawn.version)  # none by schedule: a guard
             batch, mismatch = samples_batch(samples, s.sampling), {}
             if s.mismatch_correction:
                 with run.phase(it, "old_logprobs"):
@@ -136,7 +161,7 @@ def run_iterations(s: Session) -> None:
                     ahead = scheduler.drain()
                 if ahead is not None:  # checked against the policy that sampled it, before the engines move on
                     with run.phase(it, "ahead_check"):
-                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.rolled.samples, s.sampling,
+                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.sampled(), s.sampling,
                                                           t.updates_per_iteration)
                     check_logprob_gap(it + 1, ahead.logprob_gap, gap_bound, "the batch drawn ahead, against the "
                                       "policy that sampled it", bound_origin)
@@ -163,8 +188,8 @@ def run_iterations(s: Session) -> None:
                      if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **reward, **sample_metrics(samples), "lr": train["lr"],
                              **{k: train[k] for k in TRAIN_METRICS if k in train}, **mismatch,
-                             **gaps,
-                             **replay_gaps(train), **probe, "samples": len(samples), **staleness_metrics(drawn),
+                             **gaps, **replay_gaps(train), **probe, "samples": len(samples),
+                             **staleness_metrics(drawn, masked),
                              **rendering.metrics(), **rolled.metrics, **evaluation, **moved})
             run.log_samples(it, sample_records(it, problems, samples, cfg.logging.samples, scored.extra_columns))
             console.log(f"iter {it:>3}  reward {reward['reward_mean']:.3f}  entropy {train['entropy']:.3f}  "

@@ -11,6 +11,10 @@ t - 1 - (the version that sampled it).
   the engines finish it (drain, then load: no request is aborted and every token of a batch comes from one
   version), so the batch is trained at iteration t + 1 by policy t on samples of policy t - 1: staleness 1,
   never more. The first batch is sampled in lockstep (staleness 0).
+- `max_staleness: k >= 2` (with `rollout.partial_rollout`, orchestrator/partial_rollouts.py): batches are drawn
+  ahead as with 1, and a generation still running when its batch's token budget is spent is set aside
+  (`Drawn.set_aside`) and continued when the next batch is drawn, for at most k samplings in all: its first
+  tokens are then k updates old when trained, never more.
 
 The schedule is a function of the config and the iteration, never of timing; the batch drawn ahead is saved with
 each checkpoint (`save_ahead` / `load_ahead`), so that a resumed run trains on the very batch the uninterrupted run
@@ -20,10 +24,12 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.agent_rollout import Rollout
+from orchestrator.partial_rollouts import sampled_in
+from rollout.samples import Sample
 from rollout.tasks import Problem
 
 AHEAD_FILE = "drawn_ahead.pkl"  # in a checkpoint directory: the batch drawn ahead for the next iteration
@@ -44,21 +50,31 @@ class Drawn:
     # a batch drawn ahead: mean |engine - trainer| log-prob of its sampled tokens, the trainer on a snapshot of
     # the policy that sampled it, checked when it was drained (logprob_check.behaviour_gap)
     logprob_gap: float | None = None
+    # partial rollouts: the groups whose generations had not all ended (partial_rollouts.OpenGroup), continued
+    # when the next batch is drawn
+    set_aside: list = field(default_factory=list)
 
     def staleness(self) -> int:
         return self.iteration - 1 - self.version
 
+    def sampled(self) -> list[Sample]:
+        """What this drawing sampled (by `version`): its batch's tokens, and with partial rollouts those of the
+        generations it set aside, each sample's loss mask narrowed to them."""
+        return sampled_in(self.rolled.samples, self.set_aside, self.version)
+
 
 class RolloutScheduler:
-    """`draw(iteration, version)` samples an iteration's batch on the engines (which serve `version`); the loop
+    """`draw(iteration, version, carried)` samples an iteration's batch on the engines (which serve `version`),
+    continuing the generations the batch before set aside (`carried`, partial rollouts); the loop
     asks for each iteration's batch (`take`), lets the next one be drawn ahead while it trains (`ahead`), and
     has the engines finish it before their weights change (`drain`, then `synced`)."""
 
-    def __init__(self, draw: Callable[[int, int], Drawn], max_staleness: int, served_version: int,
+    def __init__(self, draw: Callable[[int, int, list], Drawn], max_staleness: int, served_version: int,
                  last_iteration: int) -> None:
-        if max_staleness not in (0, 1):
-            raise ValueError(f"rollout.max_staleness {max_staleness}: 0 (lockstep) or 1 (one-step overlap)")
+        if max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness {max_staleness}: 0 (lockstep) or more")
         self._draw, self.max_staleness, self.served = draw, max_staleness, served_version
+        self._carried: list = []  # what the last batch drawn set aside
         self.last_iteration = last_iteration
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tide-rollout-ahead") if max_staleness else None
         self._ahead: Future[Drawn] | None = None
@@ -70,7 +86,8 @@ class RolloutScheduler:
             self.drain()
         drawn, self._ready = self._ready, None
         if drawn is None or drawn.iteration != iteration:
-            drawn = self._draw(iteration, self.served)
+            drawn = self._draw(iteration, self.served, self._carried)
+        self._carried = drawn.set_aside
         return drawn
 
     def ahead(self, iteration: int) -> None:
@@ -78,7 +95,7 @@ class RolloutScheduler:
         nxt = iteration + 1
         if self._pool is None or nxt > self.last_iteration or self._ahead or self._ready:
             return
-        self._ahead = self._pool.submit(self._draw, nxt, self.served)
+        self._ahead = self._pool.submit(self._draw, nxt, self.served, self._carried)
 
     @property
     def drawing(self) -> bool:

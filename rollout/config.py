@@ -152,12 +152,47 @@ class RolloutConfig(EngineConfig):
                                                "and 5).")
 
     max_staleness: int = Field(
-        0, ge=0, le=1, description="0: lockstep (each iteration's batch is sampled by the policy it trains). 1: "
-        "the next iteration's batch is sampled while this one trains (one-step overlap; the engines finish it "
-        "before they load the new weights), so each batch after the first is one update old when trained; with loss "
-        "grpo it needs a mismatch_correction (the trainer recomputes pi_old and weighs the tokens by pi_old / "
+        0, ge=0, description="The most policy updates between the policy that sampled a token and the one that "
+        "trains on it. 0: lockstep (each iteration's batch is sampled by the policy it trains). 1: the next "
+        "iteration's batch is sampled while this one trains (one-step overlap; the engines finish it before they "
+        "load the new weights), so each batch after the first is one update old when trained; with loss grpo it "
+        "needs a mismatch_correction (the trainer recomputes pi_old and weighs the tokens by pi_old / "
         "pi_behaviour), loss kimi takes the policy that sampled as its pi_old. Each batch drawn ahead is checked "
-        "against that policy (a snapshot the trainer keeps: one more copy of its parameters).")
+        "against that policy (a snapshot the trainer keeps: one more copy of its parameters). 2 or more: with "
+        "partial_rollout only, which continues a generation for up to max_staleness - 1 later batches.")
+    partial_rollout: bool = Field(
+        False, description="Partial rollouts (Kimi k1.5): a generation still running after partial_rollout_tokens "
+        "new tokens in a batch's sampling is set aside and continued from its tokens, under the engines' newer "
+        "weights, when the next batch is sampled; its group is trained once all its generations have ended. Each "
+        "token keeps the policy version that sampled it (its staleness is bounded by max_staleness, needs 2 or "
+        "more), and each batch's tokens are checked against the policy that sampled them. Not with `agent:`, stop "
+        "strings or recorded mixture-of-experts routing.")
+    partial_rollout_tokens: int | None = Field(
+        None, gt=0, description="With partial_rollout: the most new tokens a generation gets in one batch's "
+        "sampling before it is set aside (a generation in its last allowed batch, or in the run's last iteration, "
+        "runs to its end). null: max_new_tokens / max_staleness, rounded up.")
+
+    @model_validator(mode="after")
+    def _partial_rollout(self) -> "RolloutConfig":
+        if self.max_staleness >= 2 and not self.partial_rollout:
+            raise ValueError(f"rollout.max_staleness {self.max_staleness}: above 1 only with partial_rollout true (one "
+                             f"batch is sampled ahead, so without partial rollouts no token is more than 1 update old)")
+        if self.partial_rollout:
+            if self.max_staleness < 2:
+                raise ValueError(f"rollout.partial_rollout: needs max_staleness 2 or more (it is "
+                                 f"{self.max_staleness}): a batch sampled ahead trains 1 update later, a generation "
+                                 f"continued in the next batch's sampling 2")
+            if self.stop:
+                raise ValueError("rollout.partial_rollout with rollout.stop strings is not built (a stop string can "
+                                 "straddle two batches' tokens): end generations with stop tokens instead")
+        return self
+
+    @property
+    def segment_tokens(self) -> int:
+        """With partial_rollout: the most new tokens a generation gets in one batch's sampling."""
+        if self.partial_rollout_tokens is not None:
+            return min(self.partial_rollout_tokens, self.max_new_tokens)
+        return -(-self.max_new_tokens // max(self.max_staleness, 1))
 
     @model_validator(mode="after")
     def _icepop_bounds(self) -> "RolloutConfig":
@@ -171,6 +206,8 @@ class RolloutConfig(EngineConfig):
         that an engine runs its share of a rollout phase as one batch (vLLM's CPU default of 256 split the
         quickstart's 512 sequences into two; never below that default); enforce_eager `auto` resolved."""
         share = -(-self.prompts_per_iteration // self.engines) * self.n_samples
+        if self.partial_rollout:  # the new groups and those set aside by up to max_staleness - 1 samplings before
+            share *= self.max_staleness
         update: dict[str, Any] = {"enforce_eager": self.resolved_eager(iterations)}
         if self.max_num_seqs is None:
             update["max_num_seqs"] = max(share, 256)

@@ -248,6 +248,45 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
         "parameter_digests"]
 
 
+# max_staleness 2 with partial rollouts: a generation gets 2 of its 4 tokens per sampling and is continued in the
+# next one, under the weights the engines serve then
+PARTIAL = {**ASYNC, "rollout__max_staleness": 2, "rollout__partial_rollout": True, "rollout__partial_rollout_tokens": 2}
+
+
+def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
+    """rollout.partial_rollout with max_staleness 2: generations set aside after 2 tokens are continued in the next
+    sampling by the next policy, so trained samples hold tokens of two versions; every sampling's tokens match the
+    log-probs of the policy that sampled them (the trainer's snapshot of it), no token is more than 2 updates old
+    when trained (2 reached), and a run SIGKILLed after its iteration-2 checkpoint (which holds batch 3 and the
+    generations it set aside) resumes to the uninterrupted run's metrics, samples and parameters."""
+    cfg = _write(tmp_path, _config("partial", address, **PARTIAL))
+    whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    metrics = _metrics(tmp_path / "whole")
+    assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
+    assert [m["staleness_token_max"] for m in metrics] == [0, 1, 2, 2], metrics
+    assert all(m["stale_masked_tokens"] == 0 for m in metrics)
+    # iteration 3's batch: groups set aside by sampling 2 (policy 0) and ended in sampling 3 (policy 1)
+    assert metrics[2]["partial_share"] > 0 and metrics[2]["staleness_tokens_1"] > 0
+    assert metrics[2]["staleness_tokens_2"] > 0
+    assert any(m["partial_groups_set_aside"] > 0 for m in metrics[:3]) and metrics[3]["partial_groups_set_aside"] == 0
+    # each optimizer step of the 4 gets a sample; every generation trained once: as many as were opened
+    assert all(m["samples"] >= 4 for m in metrics) and sum(m["samples"] for m in metrics) == 4 * 8 * 4
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait_for_iteration(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    resumed = _tide("resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (run_dir / "metrics.jsonl").read_text() == (tmp_path / "whole" / "metrics.jsonl").read_text()
+    assert (run_dir / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
+    assert json.loads((run_dir / "final.json").read_text())["parameter_digests"] == json.loads(
+        (tmp_path / "whole" / "final.json").read_text())["parameter_digests"]
+
+
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
 # main parameters and Adam state in the checkpoint), vLLM's bf16 path, the default bf16 gap bound.
 BF16 = {"model__dtype": "bfloat16", "rollout__mismatch_correction": "tis"}

@@ -188,10 +188,27 @@ def test_max_staleness_needs_a_correction_for_grpo():
     for kimi in ("kimi", "kimi_token"):  # pi_old is the policy that sampled: the behaviour log-probs
         cfg = parse_config({**_base(), "trainer": {"loss": kimi}, "rollout": {"max_staleness": 1}})
         assert cfg.rollout.mismatch_correction == "none" and cfg.rollout.max_staleness == 1
-    with pytest.raises(ConfigError, match="rollout.max_staleness"):
-        parse_config({**_base(), "rollout": {"max_staleness": 2, "mismatch_correction": "tis"}})
     cfg = parse_config({**_base(), "rollout": {"max_staleness": 1, "mismatch_correction": "icepop"}})
     assert cfg.rollout.probe_interval == 0  # one engine: each batch is checked against the policy that sampled it
+
+
+def test_partial_rollouts_and_a_bound_above_one_go_together():
+    tis = {"mismatch_correction": "tis"}
+    with pytest.raises(ConfigError, match="rollout.max_staleness 2: above 1 only with partial_rollout true"):
+        parse_config({**_base(), "rollout": {"max_staleness": 2, **tis}})
+    for bound in (0, 1):
+        with pytest.raises(ConfigError, match=f"partial_rollout: needs max_staleness 2 or more .it is {bound}"):
+            parse_config({**_base(), "rollout": {"max_staleness": bound, "partial_rollout": True, **tis}})
+    with pytest.raises(ConfigError, match="partial_rollout with rollout.stop strings is not built"):
+        parse_config({**_base(), "rollout": {"max_staleness": 2, "partial_rollout": True, "stop": ["\n"], **tis}})
+    with pytest.raises(ConfigError, match="rollout.max_staleness 3 trains on samples of an older policy"):
+        parse_config({**_base(), "trainer": {"loss": "grpo"}, "rollout": {"max_staleness": 3, "partial_rollout": True}})
+    r = parse_config({**_base(), "rollout": {"max_staleness": 3, "partial_rollout": True, "max_new_tokens": 256,
+                                             **tis}}).rollout
+    assert r.segment_tokens == 86  # ceil(256 / 3): three samplings at most
+    assert r.model_copy(update={"partial_rollout_tokens": 300}).segment_tokens == 256
+    # the engines batch the new groups and those set aside in one call
+    assert r.engine_config(10).max_num_seqs == max(256, r.prompts_per_iteration * r.n_samples * 3)
 
 
 def test_placement_is_refused_where_it_cannot_be_made():
@@ -498,6 +515,8 @@ def test_eval_samples_the_runs_distribution_unless_told_otherwise():
     ({"tool_parser": "mistral", "tools": ["python"]}, {}, "'hermes'"),
     ({"environment": "guess"}, {"rewards": [{"fn": "exact_match"}]}, "scores its trajectories itself"),
     ({"environment": "guess", "max_turns": 0}, {}, "agent.max_turns"),
+    ({"environment": "guess"}, {"rollout": {"max_staleness": 2, "partial_rollout": True, "mismatch_correction": "tis"}},
+     "rollout.partial_rollout with `agent:` is not built"),
 ])
 def test_agent_section_is_validated(agent, extra, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -15,16 +15,19 @@ class Engines:
 
     def __init__(self, fail_at: int | None = None):
         self.calls: list[tuple[int, int, bool]] = []
+        self.carried: list[list] = []  # what each drawing was handed to continue
         self.fail_at = fail_at
         self.release = threading.Event()
         self.release.set()
 
-    def draw(self, iteration: int, version: int) -> Drawn:
+    def draw(self, iteration: int, version: int, carried: list) -> Drawn:
         self.release.wait(10)
         if iteration == self.fail_at:
             raise RuntimeError(f"engine died drawing iteration {iteration}")
         self.calls.append((iteration, version, threading.current_thread() is threading.main_thread()))
-        return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0)
+        self.carried.append(list(carried))
+        # partial rollouts' stand-in: each drawing sets aside what names it
+        return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0, set_aside=[f"open@{iteration}"])
 
 
 def _run(scheduler: RolloutScheduler, first: int, last: int, drained: list | None = None) -> list[tuple[int, int]]:
@@ -110,6 +113,24 @@ def test_the_batch_drawn_ahead_survives_a_checkpoint(tmp_path):
         assert _run(scheduler, 3, 3) == [(3, 0)]
 
 
-def test_only_lockstep_and_one_step_overlap():
-    with pytest.raises(ValueError, match="max_staleness 2: 0 .lockstep. or 1"):
-        RolloutScheduler(Engines().draw, 2, 0, 3)
+def test_each_drawing_continues_what_the_one_before_set_aside_also_across_a_checkpoint(tmp_path):
+    """Partial rollouts: the generations a drawing set aside go to the next drawing, in lockstep as drawn ahead,
+    and a resumed run hands the next drawing what the batch saved in the checkpoint set aside."""
+    for staleness in (0, 2):
+        engines = Engines()
+        with RolloutScheduler(engines.draw, staleness, 0, 4) as scheduler:
+            _run(scheduler, 1, 4)
+        assert engines.carried == [[], ["open@1"], ["open@2"], ["open@3"]]
+    first, second = Engines(), Engines()
+    with RolloutScheduler(first.draw, 2, 0, 4) as scheduler:
+        _run(scheduler, 1, 2)
+        scheduler.save_ahead(tmp_path)
+    with RolloutScheduler(second.draw, 2, 2, 4) as scheduler:
+        scheduler.load_ahead(tmp_path)
+        _run(scheduler, 3, 4)
+    assert first.carried + second.carried == [[], ["open@1"], ["open@2"], ["open@3"]]
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(ValueError, match="max_staleness -1: 0 .lockstep. or more"):
+        RolloutScheduler(Engines().draw, -1, 0, 3)
