@@ -17,9 +17,13 @@ samples per second (samples trained / seconds from the end of iteration 1 to the
 included); the cores each role kept busy (engine, trainer, other: CPU seconds / those seconds), and the most a
 run could still gain doing the same CPU work on its idle cores (cores / cores in use: wall >= CPU / cores).
 Repeat i runs every variant with seed 1 + i.
+Variants: lockstep; max_staleness 1 disaggregated and colocated; max_staleness 2 with partial rollouts (a
+generation gets half its token budget per sampling and is continued in the next), disaggregated; lockstep
+disaggregated.
 Goals (issue 34): samples/s of max_staleness 1 (disaggregated) >= 1.3x lockstep's on the long-tail and the
-tool-heavy jobs; reward gain (mean reward of the last 10 iterations minus the first 10) at equal samples >= 0.9x
-lockstep's on the 70-iteration quickstart (full mode only).
+tool-heavy jobs, and of max_staleness 2 with partial rollouts on the long-tail job; reward gain (mean reward of
+the last 10 iterations minus the first 10) at equal samples >= 0.9x lockstep's on the 70-iteration quickstart
+(full mode only).
 Weight-update latency (`--jobs update_latency`, full mode only): bench_e2e's ~100M job in lockstep with the
 shipped sync (reload), per iteration from the end of its train step to the end of its sync (publish, then every
 engine holding the new weights; its next rollout generates with them), with the sync's verify and load, beside
@@ -27,7 +31,8 @@ the floor measured right after each run: the checkpoint's bytes copied once betw
 from a file in /dev/shm into a new one is reported beside it, not as the floor: the new file's pages are allocated
 and zeroed as it is written, and tide's publish, which writes into recycled pages, beats it (measured: 0.08 s
 against 0.19 s for 434 MB). Goal (issue 34): latency <= 2x the floor. Not in this script yet, so no figure is
-claimed: max_staleness 2 (not built), TRL on bench_e2e's job.
+claimed: max_staleness 2 on the tool-heavy job (partial rollouts of multi-turn trajectories are not built), TRL on
+bench_e2e's job.
 """
 from __future__ import annotations
 
@@ -55,10 +60,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 SPEEDUP_TARGET, LEARNING_TARGET = 1.3, 0.9
 ONE_STEP = ["rollout.max_staleness=1", "rollout.mismatch_correction=tis"]
+# max_staleness 2 with partial rollouts: a generation gets half its token budget per sampling (the default)
+PARTIAL = ["rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.mismatch_correction=tis"]
 DISAGGREGATED = ["placement.mode=disaggregated"]
 VARIANTS = {  # name -> overrides; "lockstep" is every row's baseline
     "lockstep": [],
     "one_step_disaggregated": ONE_STEP + DISAGGREGATED,
+    "partial_disaggregated": PARTIAL + DISAGGREGATED,
     "one_step_colocated": ONE_STEP,
     "lockstep_disaggregated": DISAGGREGATED,
 }
@@ -70,6 +78,7 @@ JOBS = {  # name -> (config, overrides, iterations in full mode, in quick mode)
     "quickstart": ("quickstart.yaml", [], 70, 10),
 }
 QUICK_VARIANTS = ("lockstep", "one_step_disaggregated")
+NOT_WITH = {("tool_heavy", "partial_disaggregated")}  # partial rollouts of multi-turn trajectories: not built
 LATENCY_JOB, LATENCY_ITERATIONS, LATENCY_TARGET = "update_latency", 6, 2.0  # latency <= 2x the copy floor
 GAIN_WINDOW = 10  # iterations averaged at each end of a run for its reward gain
 CORES = len(os.sched_getaffinity(0))
@@ -102,17 +111,24 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
                 cpu[role] = cpu.get(role, 0.0) + s
     rewards = [m["reward_mean"] for m in metrics]
     window = min(GAIN_WINDOW, len(rewards) // 2)
-    out = {"samples_per_s": trained / steady_s, "seconds_per_iteration": steady_s / len(steady),
+    tokens = sum(m["completion_len"] * m["samples"] for m in metrics if m["iteration"] in steady)
+    out = {"samples_per_s": trained / steady_s, "tokens_per_s": tokens / steady_s,
+           "seconds_per_iteration": steady_s / len(steady),
            "cores": {role: s / steady_s for role, s in sorted(cpu.items())},
            "reward_gain": statistics.fmean(rewards[-window:]) - statistics.fmean(rewards[:window]),
-           "completion_len": statistics.fmean(m["completion_len"] for m in metrics),
+           # over every sample the run trained (with partial rollouts the batches differ in size)
+           "completion_len": sum(m["completion_len"] * m["samples"] for m in metrics) / sum(m["samples"]
+                                                                                             for m in metrics),
+           "completion_len_steady": tokens / trained,
            "completion_len_max": max(m["completion_len_max"] for m in metrics),
            "clipped_ratio": statistics.fmean(m["clipped_ratio"] for m in metrics),
-           "staleness_max": max(m.get("staleness", 0) for m in metrics),
+           "staleness_max": max(m.get("staleness_token_max", m.get("staleness", 0)) for m in metrics),
+           "partial_share": statistics.fmean(m.get("partial_share", 0.0) for m in metrics),
            "phases": bound(samples, CORES)["phases"] if variant == "lockstep" else None}
     # wall >= CPU seconds / cores: the speed-up this run could still reach doing the same CPU work on idle cores
     out["speedup_bound_at_this_work"] = CORES / sum(out["cores"].values())
     print(f"  {job:<11}{variant:<24}seed {seed}: {out['samples_per_s']:7.1f} samples/s "
+          f"{out['tokens_per_s']:7.0f} tokens/s "
           f"({out['seconds_per_iteration']:.3f} s/it), cores " +
           " ".join(f"{r} {c:.2f}" for r, c in out["cores"].items()) +
           f", reward gain {out['reward_gain']:+.3f}, mean length {out['completion_len']:.1f}", flush=True)
@@ -204,7 +220,7 @@ def main() -> None:
             if not iterations:
                 continue
             for i in range(repeats):  # A B C D, A B C D, ...: every variant of a repeat on the same seed
-                for variant in variants:
+                for variant in [v for v in variants if (job, v) not in NOT_WITH]:
                     runs.setdefault((job, variant), []).append(run_once(job, variant, iterations, 1 + i,
                                                                         Path(tmp)))
         # the ~100M job's weight updates, each seed's floor measured right after its run
@@ -218,8 +234,15 @@ def main() -> None:
                          [r["samples_per_s"] for r in rs], [r["samples_per_s"] for r in base],
                          cores_contender=[r["cores"] for r in rs], cores_baseline=[r["cores"] for r in base],
                          staleness_max=max(r["staleness_max"] for r in rs))
+        report.add(f"{job}: {variant}, tokens", variant, "lockstep", "completion tokens trained per second",
+                   [r["tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in base],
+                   completion_len_steady_contender=[r["completion_len_steady"] for r in rs],
+                   completion_len_steady_baseline=[r["completion_len_steady"] for r in base])
         if job in ("long_tail", "tool_heavy") and variant == "one_step_disaggregated":
             report.goal(f"{job} samples/s, max_staleness 1 / lockstep", row["ratio"], SPEEDUP_TARGET, row=row)
+        if job == "long_tail" and variant == "partial_disaggregated":
+            report.goal(f"{job} samples/s, max_staleness 2 with partial rollouts / lockstep", row["ratio"],
+                        SPEEDUP_TARGET, row=row)
         if job == "quickstart" and not args.quick and variant.startswith("one_step"):
             gains = report.add(f"{job}: {variant} reward gain", variant, "lockstep",
                                f"reward gain (last {GAIN_WINDOW} - first {GAIN_WINDOW} iterations)",
@@ -237,7 +260,8 @@ def main() -> None:
                     1.0 / row["ratio"], 1.0 / LATENCY_TARGET, row=row)
         report.note("update_latency_runs", latency)
     report.note("runs", {f"{job}/{variant}": rs for (job, variant), rs in runs.items()})
-    report.note("not_measured", ["max_staleness 2 (not built)", "TRL / tide iteration time on bench_e2e's ~100M job"])
+    report.note("not_measured", ["max_staleness 2 on tool_heavy (partial rollouts of multi-turn trajectories are not "
+                                 "built)", "TRL / tide iteration time on bench_e2e's ~100M job"])
     report.finish()
     for (job, variant), rs in runs.items():
         cores = ", ".join(f"{role} {statistics.median(r['cores'].get(role, 0.0) for r in rs):.2f}"
