@@ -81,11 +81,14 @@ def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
         from orchestrator.loop import run_iterations
         from orchestrator.session import Session
 
-        session = Session.open(cfg, run, resume)
+        session, interrupted = Session.open(cfg, run, resume), False
         try:
             run_iterations(session)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            session.close()
+            session.close(interrupted)
     finally:
         run.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,18 +29,27 @@ class Cluster:
     connected_here: bool
     node: Any = None  # Ray's Node of a local cluster started here: its raylet and GCS are this process's children
 
-    def head_lost(self) -> bool:
+    def head_lost(self, within_s: float = 0.0) -> bool:
         """True when the local cluster started here has lost its raylet: killed with the run's process group
         (a scheduler's SIGTERM reaches every process of the job, Ray's too) or by the OOM killer. Every Ray call
         then waits out its timeout, and ray.shutdown may end this process on the spot (the core worker exits when
         its raylet is unreachable; seen once: exit 1, before status.json was written)."""
         if self.node is None:
             return False
-        return any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", []))
+        deadline = time.monotonic() + within_s  # `within_s`: how long to watch a raylet that may be stopping
+        while True:
+            if any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", [])):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     def abandon(self) -> None:
-        """End what is left of a local cluster whose raylet died, by pid, without asking Ray. The driver's own
+        """End what is left of a local cluster whose raylet died, by pid, without asking Ray: its worker
+        processes (actors still starting or stopping included) and its own processes. The driver's own
         disconnect is left to Ray's exit hook, after everything else (see head_lost)."""
+        raylets = {str(info.process.pid) for info in self.node.all_processes.get("raylet", [])}
+        kill_workers(workers_of(raylets, self.node.node_id))
         self.node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         self.node, self.connected_here = None, False
 
@@ -72,6 +82,25 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None, lo
         # give the process back the handler it had (the CLI's: unwind like Ctrl-C).
         signal.signal(signal.SIGTERM, handler)
     return Cluster(connected_here=True, node=None if address else ray._private.worker._global_node)
+
+
+def workers_of(raylet_pids: set[str], node_id: str) -> list[int]:
+    """The Ray worker processes (`ray::...`) a raylet of `raylet_pids` started (their environment names it), and
+    the node's agents (named by `node_id`; "": none), found in /proc: other clusters' on the host are left alone."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                continue
+            env = dict(line.split(b"=", 1) for line in (entry / "environ").read_bytes().split(b"\0") if b"=" in line)
+        except OSError:  # gone, or not ours to read
+            continue
+        node = env.get(b"RAY_NODE_ID", b"").decode()
+        if env.get(b"RAY_RAYLET_PID", b"").decode() in raylet_pids or (node_id and node == node_id):
+            found.append(int(entry.name))
+    return found
 
 
 def kill_workers(pids: list[int], timeout_s: float = 10.0) -> list[int]:

@@ -52,10 +52,12 @@ class RolloutGroup:
                                                                 start_on=self._loaded[i])
 
     def wait_started(self) -> None:
-        """Block until every engine serves; an engine that failed to start stops them all and raises."""
+        """Block until every engine serves; an engine that failed to start stops them all and raises. An
+        interrupt (Ctrl-C, SIGTERM) leaves the stop to the group's owner, who knows whether Ray can still answer
+        (a scheduler's SIGTERM reaches the raylet too: each Ray call would then wait out its timeout)."""
         try:
             ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
-        except BaseException:
+        except Exception:
             self.shutdown()
             raise
 

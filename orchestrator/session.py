@@ -22,7 +22,7 @@ from rich.console import Console
 
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
 from orchestrator.checkpointing import restore_checkpoint
-from orchestrator.cluster import Cluster, connect, kill_workers
+from orchestrator.cluster import Cluster, connect
 from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import agent_probe_problems, probe_problems
@@ -74,7 +74,7 @@ class Session:
     agent_probe: list[Problem] = field(default_factory=list)  # the probe's multi-turn problems (with `agent:`)
     start_iteration: int = 0
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
-    _ray_side: ExitStack = field(default_factory=ExitStack, repr=False)  # the part of _teardown that asks Ray
+    _ray_side: "RaySideStops | None" = field(default=None, repr=False)  # the part of _teardown that asks Ray
     _cluster: Cluster | None = field(default=None, repr=False)
 
     @classmethod
@@ -122,8 +122,9 @@ class Session:
             with startup("startup/ray"):
                 cluster = connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver)
             stack.callback(cluster.shutdown)
-            # The stops that ask Ray (actors, placement groups): dropped when the local raylet has died (close).
-            ray_side = stack.enter_context(ExitStack())
+            # The stops that ask Ray (actors, placement groups): dropped when the local raylet has died (close,
+            # or a start-up interrupted by a scheduler's SIGTERM to the whole job)
+            ray_side = stack.enter_context(RaySideStops(cluster))
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
             try:
                 placement = Placement.reserve(cfg.trainer, cfg.rollout, cfg.placement.mode, cfg.placement.rollout_cpus)
@@ -160,6 +161,7 @@ class Session:
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace,
                                        placement=placement.agents(cfg.rollout.engines, trainer.node_id))
             ray_side.callback(weights.close)
+            ray_side.instead(weights.release_local)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
             session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early,
                           agent=agent, agent_probe=agent_probe_problems(task, cfg.seed, 2) if agent else [])
@@ -255,28 +257,52 @@ class Session:
         parts = {"pull": delivery.seconds} if self.cfg.transfer.enabled else {}
         return delivery, parts | {"verify": max(r["verify_s"] for r in loads), "load": max(r["load_s"] for r in loads)}
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
-        and remove the run's shared memory."""
-        if self._cluster is not None and self._cluster.head_lost():
+        and remove the run's shared memory. `interrupted`: by Ctrl-C or SIGTERM, which may be ending the raylet."""
+        if self._cluster is not None and self._cluster.head_lost(RAYLET_STOP_S if interrupted else 0.0):
             self._end_without_ray()
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
 
     def _end_without_ray(self) -> None:
-        """The local cluster's raylet has died, so no Ray call can be answered and each stop would wait out its
-        timeout (a minute in all, measured): the run's engines and trainer ranks (status.json has their pids)
-        are SIGKILLed, its shared memory removed and the rest of the cluster ended by pid. What does not need Ray
-        (the sandbox, status.json, the exit code) then ends as usual."""
-        status = self.run.status()
-        pids = [*status.get("engine_pids", []), *status.get("trainer_pids", [])]
-        console.log(f"[red]Ray's raylet has died[/]: ending the run's engines and trainer ranks (pids {pids}) "
-                    f"without it")
-        if alive := kill_workers(pids):
-            console.log(f"[red]processes {alive} still alive 10 s after SIGKILL")
-        self._ray_side.pop_all()  # dropped: each would ask the dead raylet
-        self.weights.release_local()
-        self._cluster.abandon()
+        """The local cluster's raylet has died, so no Ray call can be answered: the stops that ask Ray are dropped
+        and the run's Ray processes (engines and trainer ranks among them) SIGKILLed, its shared memory removed.
+        What does not need Ray (the sandbox, status.json, the exit code) then ends as usual."""
+        self._ray_side.end_without_ray()
+
+
+# An interrupt (a scheduler's SIGTERM to the whole job, Ctrl-C to the foreground process group) reaches the raylet
+# too, which takes a moment to end: how long the driver watches for that before asking Ray to stop anything
+RAYLET_STOP_S = 3.0
+
+
+class RaySideStops(ExitStack):
+    """The stops that ask Ray. When the local raylet has died (a scheduler's SIGTERM reaches every process of the
+    job, the raylet too), each would wait out its timeout (over a minute in all, measured): `end_without_ray`
+    drops them, runs what was registered `instead` (what needs no Ray: this node's shared memory) and ends the
+    cluster's processes, its workers included, by pid. Unwound by a failed or interrupted start-up, it does so on
+    its own."""
+
+    def __init__(self, cluster: Cluster | None = None) -> None:  # ExitStack.pop_all makes one without arguments
+        super().__init__()
+        self.cluster, self._instead = cluster, []
+
+    def instead(self, stop: Callable[[], None]) -> None:
+        self._instead.append(stop)
+
+    def end_without_ray(self) -> None:
+        console.log("[red]Ray's raylet has died[/]: ending the run's Ray processes without it")
+        self.pop_all()
+        for stop in reversed(self._instead):
+            stop()
+        self.cluster.abandon()
+
+    def __exit__(self, *exc) -> bool:
+        if exc[0] is not None and self.cluster is not None and self.cluster.head_lost(
+                RAYLET_STOP_S if issubclass(exc[0], KeyboardInterrupt) else 0.0):
+            self.end_without_ray()
+        return super().__exit__(*exc)
 
 
 def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:

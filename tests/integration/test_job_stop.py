@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.cluster import workers_of
 from rollout.engine_proc import pids_alive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,9 +23,13 @@ pytestmark = pytest.mark.slow
 GRACE_S = 30.0
 
 
-def test_sigterm_to_every_process_of_the_job_ends_the_run_in_order_within_the_grace(tmp_path):
+@pytest.mark.parametrize("when", ["iteration 3", "start-up"])
+def test_sigterm_to_every_process_of_the_job_ends_the_run_in_order_within_the_grace(tmp_path, when):
     """Before the driver checked for its raylet, every Ray call of its teardown waited out its timeout (61 s
-    measured) and ray.shutdown could end the process before status.json said how the run ended."""
+    measured) and ray.shutdown could end the process before status.json said how the run ended. `start-up`: the
+    signal comes once the run's first engine actor exists (the engines start while the trainer does), before
+    any iteration; before the start-up's own stops checked for the raylet, that took 60-70 s and left
+    status.json `running`."""
     shm = Path(f"/dev/shm/tide-test-stop-{os.getpid()}")
     cfg = {
         "name": "stop", "seed": 3, "deterministic": True, "iterations": 200, "save_every": 50,
@@ -43,14 +48,17 @@ def test_sigterm_to_every_process_of_the_job_ends_the_run_in_order_within_the_gr
                                  "--run-dir", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True)
     try:
-        deadline, status = time.monotonic() + 600, {}
-        while status.get("iteration", 0) < 3:
+        deadline, status, engines = time.monotonic() + 600, {}, []
+        while status.get("iteration", 0) < 3 if when == "iteration 3" else not engines:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-4000:]
             try:
                 status = json.loads((run_dir / "status.json").read_text())
             except (FileNotFoundError, json.JSONDecodeError):
                 pass
+            raylets = [str(p) for p in _group(proc.pid) if _comm(p) == "raylet"]
+            engines = [p for p in workers_of(set(raylets), "") if _comm(p).startswith("ray::RolloutEn")]
             time.sleep(0.01)
+        assert status.get("iteration", 0) == (0 if when == "start-up" else 3), status
         raylets = [p for p in _group(proc.pid) if _comm(p) == "raylet"]
         assert raylets, "the run's own raylet shares its process group"
         started = time.monotonic()
@@ -65,7 +73,8 @@ def test_sigterm_to_every_process_of_the_job_ends_the_run_in_order_within_the_gr
     assert took < GRACE_S, f"the run took {took:.1f} s to stop"
     final = json.loads((run_dir / "status.json").read_text())
     assert (final["state"], final["error"]) == ("failed", "interrupted (Ctrl-C or SIGTERM)")
-    assert pids_alive(status["engine_pids"] + status["trainer_pids"] + raylets) == []
+    assert pids_alive(status.get("engine_pids", []) + status.get("trainer_pids", []) + raylets) == []
+    assert workers_of({str(p) for p in raylets}, "") == []  # every worker its raylet started, agents aside
     assert not shm.exists()
 
 

@@ -19,9 +19,16 @@ import json, os, signal, sys, time
 sys.path.insert(0, {root!r})
 from orchestrator.cluster import connect
 from rollout.engine_proc import pids_alive
+import subprocess
 cluster = connect(None, "tide_test_lost", 1)
 procs = cluster.node.all_processes
 raylet, gcs = procs["raylet"][0].process.pid, procs["gcs_server"][0].process.pid
+# stand-ins for worker processes that outlive their raylet (an actor still starting): one this raylet started,
+# one of another cluster on the host
+fake = 'exec -a "ray::RolloutEngine" sleep 60'
+ours = subprocess.Popen(["bash", "-c", fake], env={{**os.environ, "RAY_RAYLET_PID": str(raylet)}})
+theirs = subprocess.Popen(["bash", "-c", fake], env={{**os.environ, "RAY_RAYLET_PID": "1"}})
+time.sleep(0.5)  # exec'd
 before = cluster.head_lost()
 os.kill(raylet, signal.SIGKILL)
 deadline = time.monotonic() + 30
@@ -29,11 +36,15 @@ while not cluster.head_lost() and time.monotonic() < deadline:
     time.sleep(0.05)
 after = cluster.head_lost()
 cluster.shutdown()
-print(json.dumps({{"before": before, "after": after, "left": pids_alive([raylet, gcs])}}))
+ours.poll()
+left = pids_alive([raylet, gcs, ours.pid])
+spared = theirs.poll() is None
+theirs.kill()
+print(json.dumps({{"before": before, "after": after, "left": left, "other_cluster_spared": spared}}))
 """
 
 
-def test_a_local_cluster_that_lost_its_raylet_is_ended_by_pid(tmp_path):
+def test_a_local_cluster_that_lost_its_raylet_is_ended_by_pid_its_workers_too(tmp_path):
     import json
     import subprocess
     import sys
@@ -44,4 +55,5 @@ def test_a_local_cluster_that_lost_its_raylet_is_ended_by_pid(tmp_path):
     script.write_text(LOST_RAYLET.format(root=str(root)))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "left": []}
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "left": [],
+                                                                "other_cluster_spared": True}
