@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout.engine_proc import process_tree, wait_gone
+from rollout.engine_proc import engine_segments, process_tree, remove_segments, wait_gone
 
 # Local single-user clusters: no token auth, no usage stats. Set before Ray is imported anywhere. The GCS keeps the
 # events of the last task_events_max_num_task_in_gcs tasks (Ray's default 100,000): over 1,000 quickstart iterations
@@ -29,20 +28,22 @@ class Cluster:
     connected_here: bool
     node: Any = None  # Ray's Node of a local cluster started here: its raylet and GCS are this process's children
 
-    def head_lost(self, within_s: float = 0.0) -> bool:
+    def head_lost(self) -> bool:
         """True when the local cluster started here has lost its raylet: killed with the run's process group
         (a scheduler's SIGTERM reaches every process of the job, Ray's too) or by the OOM killer. Every Ray call
         then waits out its timeout, and ray.shutdown may end this process on the spot (the core worker exits when
         its raylet is unreachable; seen once: exit 1, before status.json was written)."""
         if self.node is None:
             return False
-        deadline = time.monotonic() + within_s  # `within_s`: how long to watch a raylet that may be stopping
-        while True:
-            if any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", [])):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        return any(info.process.poll() is not None for info in self.node.all_processes.get("raylet", []))
+
+    def ends_without_ray(self, interrupted: bool) -> bool:
+        """Whether a stop should end this cluster's processes by pid instead of asking Ray: its raylet is dead,
+        or the run was interrupted (Ctrl-C, SIGTERM) on a local cluster started here, whose raylet the signal
+        may be ending too (a job's SIGTERM reaches it; measured: still alive 3 s later on a loaded machine, and
+        a Ray call made meanwhile hung until the core worker gave up on the GCS, 60 s, exit 1). Everything of a
+        local cluster ends with the run either way."""
+        return self.head_lost() or (interrupted and self.node is not None)
 
     def abandon(self) -> None:
         """End what is left of a local cluster whose raylet died, by pid, without asking Ray: its worker
@@ -114,9 +115,13 @@ def kill_workers(pids: list[int], timeout_s: float = 10.0) -> list[int]:
             continue
         if cmdline.startswith(b"ray::"):
             targets += process_tree(pid)
+    segments = engine_segments(targets)  # what a vLLM engine among them has in /dev/shm, which SIGKILL leaves
     for pid in targets:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return wait_gone(targets, timeout_s)
+    alive = wait_gone(targets, timeout_s)
+    if not alive:
+        remove_segments(segments)
+    return alive

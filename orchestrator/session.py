@@ -259,8 +259,8 @@ class Session:
 
     def close(self, interrupted: bool = False) -> None:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
-        and remove the run's shared memory. `interrupted`: by Ctrl-C or SIGTERM, which may be ending the raylet."""
-        if self._cluster is not None and self._cluster.head_lost(RAYLET_STOP_S if interrupted else 0.0):
+        and remove the run's shared memory. `interrupted`: by Ctrl-C or SIGTERM (Cluster.ends_without_ray)."""
+        if self._cluster is not None and self._cluster.ends_without_ray(interrupted):
             self._end_without_ray()
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
@@ -272,17 +272,12 @@ class Session:
         self._ray_side.end_without_ray()
 
 
-# An interrupt (a scheduler's SIGTERM to the whole job, Ctrl-C to the foreground process group) reaches the raylet
-# too, which takes a moment to end: how long the driver watches for that before asking Ray to stop anything
-RAYLET_STOP_S = 3.0
-
-
 class RaySideStops(ExitStack):
-    """The stops that ask Ray. When the local raylet has died (a scheduler's SIGTERM reaches every process of the
-    job, the raylet too), each would wait out its timeout (over a minute in all, measured): `end_without_ray`
-    drops them, runs what was registered `instead` (what needs no Ray: this node's shared memory) and ends the
-    cluster's processes, its workers included, by pid. Unwound by a failed or interrupted start-up, it does so on
-    its own."""
+    """The stops that ask Ray. When the local raylet has died or may be dying (a scheduler's SIGTERM reaches
+    every process of the job, the raylet too; Cluster.ends_without_ray), each would wait out its timeout (over a
+    minute in all, measured): `end_without_ray` drops them, runs what was registered `instead` (what needs no
+    Ray: this node's shared memory) and ends the cluster's processes, its workers included, by pid. Unwound by a
+    failed or interrupted start-up, it decides on its own."""
 
     def __init__(self, cluster: Cluster | None = None) -> None:  # ExitStack.pop_all makes one without arguments
         super().__init__()
@@ -292,15 +287,16 @@ class RaySideStops(ExitStack):
         self._instead.append(stop)
 
     def end_without_ray(self) -> None:
-        console.log("[red]Ray's raylet has died[/]: ending the run's Ray processes without it")
+        console.log("[red]ending the run's Ray processes by pid[/] (interrupted on its own Ray cluster, or its "
+                    "raylet died): Ray may not answer")
         self.pop_all()
         for stop in reversed(self._instead):
             stop()
         self.cluster.abandon()
 
     def __exit__(self, *exc) -> bool:
-        if exc[0] is not None and self.cluster is not None and self.cluster.head_lost(
-                RAYLET_STOP_S if issubclass(exc[0], KeyboardInterrupt) else 0.0):
+        if exc[0] is not None and self.cluster is not None and self.cluster.ends_without_ray(
+                issubclass(exc[0], KeyboardInterrupt)):
             self.end_without_ray()
         return super().__exit__(*exc)
 
