@@ -1,6 +1,6 @@
-"""`tide inspect`: how the run ended (or that it is running), the per-phase table (count, median, total, share)
-and a PNG of phase time per iteration, reward, and the training signals beside it (loss, KL to the reference,
-entropy, completion length)."""
+"""`tide inspect`: how the run ended (or that it is running), the per-phase table (count, median, total, share),
+the share of the steady state each side (engines, trainer) sat idle, and a PNG of phase time per iteration,
+reward, and the training signals beside it (loss, KL to the reference, entropy, completion length)."""
 from __future__ import annotations
 
 import statistics
@@ -30,6 +30,35 @@ def phase_table(timings: list[dict]) -> list[dict]:
              "total_s": sum(by_phase[p]), "share": sum(by_phase[p]) / total} for p in order]
 
 
+# Which side of an LLM run each phase keeps busy (the reward, the drain and the probe's scoring: the driver's)
+ROLE_PHASES = {"engines": {"rollout", "rollout_ahead", "sync", "probe", "eval"},
+               "trainer": {"old_logprobs", "reference", "train", "publish", "ahead_check", "checkpoint"}}
+
+
+def idle_shares(timings: list[dict]) -> dict[str, float] | None:
+    """From the end of iteration 1 to the end of the last (start-up, compilation and first-use warm-up left out):
+    the share of that time each role's phases left it idle, overlapping phases counted once. None: fewer than two
+    iterations."""
+    ends: dict[int, float] = {}
+    for r in timings:
+        if r["iteration"] > 0:
+            ends[r["iteration"]] = max(ends.get(r["iteration"], 0.0), r["start"] + r["seconds"])
+    if len(ends) < 2:
+        return None
+    lo, hi = ends[min(ends)], max(ends.values())
+    out = {}
+    for role, phases in ROLE_PHASES.items():
+        spans = sorted((max(r["start"], lo), min(r["start"] + r["seconds"], hi)) for r in timings
+                       if r["phase"] in phases)
+        busy, reach = 0.0, lo
+        for a, b in spans:  # the union of the spans, clipped to the window
+            a = max(a, reach)
+            if b > a:
+                busy, reach = busy + b - a, b
+        out[role] = 1.0 - busy / (hi - lo) if hi > lo else 0.0
+    return out
+
+
 def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) -> Path | None:
     console = console or Console()
     rows = phase_table(run.timings())
@@ -39,6 +68,10 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
     for r in rows:
         table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}", f"{r['share']:.1%}")
     console.print(table)
+    idle = idle_shares(run.timings())
+    if idle and run.metrics() and "loss" in run.metrics()[0]:  # an LLM run (JAX runs have no such roles)
+        console.print("idle from the end of iteration 1 on: " + ", ".join(f"{role} {share:.0%}"
+                                                                        for role, share in idle.items()))
     status = run.status()
     if status:
         where = f"iteration {status.get('iteration')}, phase {status.get('phase')}"

@@ -221,3 +221,24 @@ def test_a_broken_run_says_why_and_a_directory_it_did_not_make_stays(tmp_path, m
     monkeypatch.setattr(cli, "_drive", lambda cfg, run, resume: None)
     cli._execute(None, RunDir(tmp_path / "fine"), resume=False)
     assert json.loads((tmp_path / "fine" / "status.json").read_text())["state"] == "finished"
+
+
+def test_idle_shares_count_each_roles_overlapping_phases_once():
+    import pytest
+
+    from orchestrator.inspect import idle_shares
+
+    def rec(it, phase, start, seconds):
+        return {"iteration": it, "phase": phase, "start": start, "seconds": seconds}
+
+    timings = [rec(0, "warmup", 0, 5), rec(1, "rollout", 5, 2), rec(1, "train", 7, 3),  # iteration 1 ends at 10
+               # iteration 2 (10-20): the batch of iteration 3 sampled ahead from 11 to 15, during train and publish
+               rec(2, "rollout", 10, 0.5), rec(2, "reward", 10.5, 0.5), rec(2, "train", 11, 5),
+               rec(2, "publish", 16, 1), rec(3, "rollout_ahead", 11, 4), rec(2, "drain", 17, 0), rec(2, "sync", 17, 2),
+               rec(2, "probe", 19, 1),
+               # iteration 3 (20-30): its batch was ready; the engines also sampled from 20 to 21 (overlapping)
+               rec(3, "rollout", 20, 1), rec(3, "train", 21, 6), rec(3, "sync", 27, 3),
+               rec(3, "rollout_ahead", 20.5, 0.2)]
+    # engines busy: 10-10.5, 11-15, 17-20, 20-21, 27-30 = 0.5 + 4 + 3 + 1 + 3 = 11.5 of 20; trainer: 11-17, 21-27 = 12
+    assert idle_shares(timings) == {"engines": pytest.approx(1 - 11.5 / 20), "trainer": pytest.approx(1 - 12 / 20)}
+    assert idle_shares(timings[:3]) is None
