@@ -266,9 +266,10 @@ class Session:
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
 
     def _end_without_ray(self) -> None:
-        """The local cluster's raylet has died, so no Ray call can be answered: the stops that ask Ray are dropped
-        and the run's Ray processes (engines and trainer ranks among them) SIGKILLed, its shared memory removed.
-        What does not need Ray (the sandbox, status.json, the exit code) then ends as usual."""
+        """The local cluster's raylet has died, or the run was interrupted on its own cluster (whose raylet the
+        signal may be ending), so Ray may not answer: the stops that ask Ray are dropped and the run's Ray
+        processes (engines and trainer ranks among them) SIGKILLed, its shared memory removed. What does not need
+        Ray (the sandbox, status.json, the exit code) then ends as usual."""
         self._ray_side.end_without_ray()
 
 
