@@ -35,14 +35,20 @@ ROLE_PHASES = {"engines": {"rollout", "rollout_ahead", "sync", "probe", "eval"},
                "trainer": {"old_logprobs", "reference", "train", "publish", "ahead_check", "checkpoint"}}
 
 
+def iteration_ends(timings: list[dict]) -> dict[int, float]:
+    """Each iteration's end: the latest end of its phases (a batch drawn ahead ends before its iteration does)."""
+    ends: dict[int, float] = {}
+    for t in timings:
+        if isinstance(t.get("iteration"), int) and t["iteration"] > 0:
+            ends[t["iteration"]] = max(ends.get(t["iteration"], 0.0), t["start"] + t["seconds"])
+    return ends
+
+
 def idle_shares(timings: list[dict]) -> dict[str, float] | None:
     """From the end of iteration 1 to the end of the last (start-up, compilation and first-use warm-up left out):
     the share of that time each role's phases left it idle, overlapping phases counted once. None: fewer than two
     iterations."""
-    ends: dict[int, float] = {}
-    for r in timings:
-        if r["iteration"] > 0:
-            ends[r["iteration"]] = max(ends.get(r["iteration"], 0.0), r["start"] + r["seconds"])
+    ends = iteration_ends(timings)
     if len(ends) < 2:
         return None
     lo, hi = ends[min(ends)], max(ends.values())
@@ -61,15 +67,16 @@ def idle_shares(timings: list[dict]) -> dict[str, float] | None:
 
 def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) -> Path | None:
     console = console or Console()
-    rows = phase_table(run.timings())
+    timings, metrics = run.timings(), run.metrics()
+    rows = phase_table(timings)
     table = Table(title=f"{run.name}: time per phase")
     for col in ("phase", "count", "median s", "total s", "share"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     for r in rows:
         table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}", f"{r['share']:.1%}")
     console.print(table)
-    idle = idle_shares(run.timings())
-    if idle and run.metrics() and "loss" in run.metrics()[0]:  # an LLM run (JAX runs have no such roles)
+    idle = idle_shares(timings)
+    if idle and metrics and "loss" in metrics[0]:  # an LLM run (JAX runs have no such roles)
         console.print("idle from the end of iteration 1 on: " + ", ".join(f"{role} {share:.0%}"
                                                                         for role, share in idle.items()))
     status = run.status()
@@ -82,7 +89,6 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
         for r in read_jsonl(run.restarts_file):
             console.print(f"restart {r['restart']}: from iteration {r['from_iteration']} after exit {r['exit_code']}: "
                           f"{r['error']}")
-    metrics = run.metrics()
     if metrics:
         last = metrics[-1]
         key = "reward_mean" if "reward_mean" in last else "episode_return_mean"
@@ -90,7 +96,7 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
     if not plot:
         return None
     out = run.path / "timings.png"
-    plot_run(run.timings(), metrics, out, title=run.name)
+    plot_run(timings, metrics, out, title=run.name)
     console.print(f"wrote {out}")
     return out
 

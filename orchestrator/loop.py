@@ -47,9 +47,10 @@ def staleness_metrics(drawn: Drawn, masked: int) -> dict[str, float]:
     """The batch's staleness (policy versions between its last sampler and its trainer) and that sampler; with
     partial rollouts per token and per sample, and the tokens left out beyond the bound (none by schedule)."""
     out = {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
-    if "partial_continued" in drawn.rolled.metrics:
-        out |= token_staleness(drawn.rolled.samples, drawn.iteration - 1, drawn.version)
-    return out | ({"stale_masked_tokens": masked} if masked or "partial_continued" in drawn.rolled.metrics else {})
+    if "partial_continued" in drawn.rolled.metrics:  # a partial-rollout drawing
+        return out | token_staleness(drawn.rolled.samples, drawn.iteration - 1, drawn.version) | {
+            "stale_masked_tokens": masked}
+    return out | ({"stale_masked_tokens": masked} if masked else {})
 
 
 def gap_metrics(drawn: Drawn, gap: float) -> dict[str, float]:

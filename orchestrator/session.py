@@ -261,16 +261,11 @@ class Session:
         """Stop engines, weight transfer, trainer ranks, Ray (when started or joined here) and the sandbox,
         and remove the run's shared memory. `interrupted`: by Ctrl-C or SIGTERM (Cluster.ends_without_ray)."""
         if self._cluster is not None and self._cluster.ends_without_ray(interrupted):
-            self._end_without_ray()
+            # Ray may not answer: its stops are dropped, the run's Ray processes SIGKILLed and its shared memory
+            # removed; what needs no Ray (the sandbox, status.json, the exit code) then ends as usual
+            self._ray_side.end_without_ray()
         self._teardown.close()
         gc.unfreeze()  # collectable again at exit (extension modules check for leaked objects then)
-
-    def _end_without_ray(self) -> None:
-        """The local cluster's raylet has died, or the run was interrupted on its own cluster (whose raylet the
-        signal may be ending), so Ray may not answer: the stops that ask Ray are dropped and the run's Ray
-        processes (engines and trainer ranks among them) SIGKILLed, its shared memory removed. What does not need
-        Ray (the sandbox, status.json, the exit code) then ends as usual."""
-        self._ray_side.end_without_ray()
 
 
 class RaySideStops(ExitStack):

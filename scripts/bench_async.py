@@ -54,6 +54,7 @@ from bench_common import Report, bench_arguments, repeats_for  # noqa: E402
 from bench_e2e import large_job  # noqa: E402
 from measure_overlap_bound import bound, measure  # noqa: E402  (its phase table; its bound assumes lockstep's speeds)
 
+from orchestrator.inspect import iteration_ends  # noqa: E402
 from orchestrator.rundir import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,15 +83,6 @@ NOT_WITH = {("tool_heavy", "partial_disaggregated")}  # partial rollouts of mult
 LATENCY_JOB, LATENCY_ITERATIONS, LATENCY_TARGET = "update_latency", 6, 2.0  # latency <= 2x the copy floor
 GAIN_WINDOW = 10  # iterations averaged at each end of a run for its reward gain
 CORES = len(os.sched_getaffinity(0))
-
-
-def iteration_ends(timings: list[dict]) -> dict[int, float]:
-    """Each iteration's end: the latest end of its phases (a batch drawn ahead ends before its iteration does)."""
-    ends: dict[int, float] = {}
-    for t in timings:
-        if isinstance(t.get("iteration"), int) and t["iteration"] > 0:
-            ends[t["iteration"]] = max(ends.get(t["iteration"], 0.0), t["start"] + t["seconds"])
-    return ends
 
 
 def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> dict:
