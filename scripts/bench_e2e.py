@@ -17,7 +17,11 @@ Figures, per side and seed, from the moment the process is spawned:
   A run that never reaches it counts as infinite on either side.
 
 A ~100M-parameter variant of the same job (hidden 768, 12 layers; 16 prompts x 8 samples per iteration to keep
-it to minutes; a 2-step warm start, since only the iteration time is compared) measures the RL-iteration time.
+it to minutes) measures the RL-iteration time. Only the iteration time is compared there, but both sides must do
+the same work in it: tide takes no optimizer step on a mini-batch without learning signal (every advantage zero),
+TRL steps regardless, so the variant warms up for 40 steps at lr 1e-3 (rewards ~0.1-0.2: most groups mixed) and
+trains at lr 1e-5 (rewards stay there), and a tide iteration that took fewer optimizer steps than TRL's 4 makes
+that run's figure a failed sample (inf).
 
 Goals (issue 16): TRL time / tide time to a moving average of 0.5 >= 1.0 on the quickstart job; TRL / tide
 RL-iteration time >= 2.0 at ~100M.
@@ -44,6 +48,8 @@ from bench_sample_efficiency import (  # noqa: E402
     WINDOW, iterations_to_target, job_config, run_metrics, run_trl, tide_run)
 
 TARGETS = (0.4, 0.5)
+# optimizer steps per iteration on both sides (tide's updates_per_iteration, TRL's steps_per_generation)
+LARGE_UPDATES = job_config(1, 1)["trainer"]["updates_per_iteration"]
 LARGE_MODEL = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 3072}
 
 
@@ -56,10 +62,27 @@ class Timeline:
     rewards: list[float]  # one per iteration
     reward_times: list[float]  # when each iteration's rewards were known
     phase_medians: dict[str, float] | None = None  # tide: median seconds of each phase over the iterations
+    optimizer_steps: list[int] | None = None  # tide: optimizer steps each iteration took (TRL: always all)
+    cpu: list[tuple[float, float]] | None = None  # (seconds since spawn, process tree's CPU seconds), sampled
+
+    def cores_between(self, start: float, end: float) -> float:
+        """Cores the process tree kept busy from `start` to `end` (seconds since spawn), from the samples nearest
+        inside them."""
+        inside = [c for c in self.cpu or [] if start <= c[0] <= end]
+        if len(inside) < 2:
+            return math.nan
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
     def iteration_s(self) -> float:
         steps = [b - a for a, b in zip(self.reward_times, self.reward_times[1:])]
         return statistics.median(steps)
+
+    def equal_work_iteration_s(self, updates: int) -> float:
+        """iteration_s, or inf where an iteration took fewer than `updates` optimizer steps (TRL always takes
+        them all: such a run did less work than TRL's and its time is no figure against TRL's)."""
+        if self.optimizer_steps is not None and min(self.optimizer_steps) < updates:
+            return math.inf
+        return self.iteration_s()
 
     def time_to(self, target: float, from_spawn: bool = False) -> float:
         k = iterations_to_target(self.rewards, target, WINDOW)
@@ -72,7 +95,8 @@ def large_job(seed: int, iterations: int) -> dict:
     cfg = job_config(seed, iterations, "constant")
     cfg["name"] = f"e2e_large_{seed}"
     cfg["model"]["tiny"] = dict(LARGE_MODEL)
-    cfg["trainer"].update(warmup_sft_steps=2)
+    # a learning signal in every iteration, so that both sides take all 4 optimizer steps (module docstring)
+    cfg["trainer"].update(warmup_sft_steps=40, warmup_sft_lr=1.0e-3, lr=1.0e-5)
     cfg["rollout"].update(prompts_per_iteration=16, kv_cache_gb=2.0)
     return cfg
 
@@ -91,20 +115,49 @@ def run_tide(cfg: dict, work: Path) -> Timeline:
             per_phase.setdefault(p["phase"], []).append(p["seconds"])
     return Timeline(process_s, rl_start - spawned, [m["reward_mean"] for m in metrics],
                     [scored[m["iteration"]] - spawned for m in metrics],
-                    {name: statistics.median(v) for name, v in per_phase.items()})
+                    {name: statistics.median(v) for name, v in per_phase.items()},
+                    [m["optimizer_steps"] for m in metrics])
 
 
-def run_trl_process(cfg: dict, work: Path) -> Timeline:
+def run_trl_process(cfg: dict, work: Path, cpu_interval: float | None = None) -> Timeline:
+    """TRL's side in a process of its own; with `cpu_interval`, its process tree's CPU seconds sampled that often
+    (Timeline.cpu), as bench_async samples tide's."""
     work.mkdir(parents=True, exist_ok=True)
     job, out = work / f"trl_{cfg['name']}.json", work / f"trl_{cfg['name']}.out.json"
     job.write_text(json.dumps(cfg))
     spawned = time.time()
-    subprocess.run([sys.executable, __file__, "--trl-worker", str(job), str(out)], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, __file__, "--trl-worker", str(job), str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cpu = tree_cpu_samples(proc, cpu_interval, spawned) if cpu_interval else None
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
     process_s = time.time() - spawned
     got = json.loads(out.read_text())
     clock = got["clock"]
-    return Timeline(process_s, clock[0] - spawned, got["rewards"], [t - spawned for t in clock[1:]])
+    return Timeline(process_s, clock[0] - spawned, got["rewards"], [t - spawned for t in clock[1:]], cpu=cpu)
+
+
+def tree_cpu_samples(proc: subprocess.Popen, interval: float, since: float) -> list[tuple[float, float]]:
+    """Until `proc` exits: (seconds since `since`, CPU seconds of its process tree so far) every `interval`
+    seconds (a child's CPU counted while it lives: the sum can drop when one ends)."""
+    import psutil
+
+    root, samples = psutil.Process(proc.pid), []
+    while proc.poll() is None:
+        total = 0.0
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        samples.append((time.time() - since, total))
+        time.sleep(interval)
+    return samples
 
 
 def trl_worker(job: Path, out: Path) -> None:
@@ -181,7 +234,8 @@ def main() -> None:
             cfg = large_job(seed, 4)
             large["tide"][seed] = run_tide(cfg, Path(tmp) / "large")
             large["trl"][seed] = run_trl_process(cfg, Path(tmp) / "large")
-            print(f"~100M, seed {seed}: tide {large['tide'][seed].iteration_s():.2f} s/iteration, "
+            print(f"~100M, seed {seed}: tide {large['tide'][seed].iteration_s():.2f} s/iteration "
+                  f"(optimizer steps per iteration {large['tide'][seed].optimizer_steps}), "
                   f"TRL {large['trl'][seed].iteration_s():.2f}", flush=True)
 
     floor = vllm_generate_floor(job_config(seeds[0], iterations, "constant"), 5 if args.quick else 10)
@@ -219,8 +273,10 @@ def main() -> None:
     if large_seeds:
         row = report.add("RL iteration, ~100M variant", "tide", "trl GRPOTrainer",
                          "seconds between consecutive iterations' rewards",
-                         column("tide", Timeline.iteration_s, large), column("trl", Timeline.iteration_s, large),
-                         higher_is_better=False, seeds=large_seeds, model=LARGE_MODEL, prompts_per_iteration=16)
+                         column("tide", lambda t: t.equal_work_iteration_s(LARGE_UPDATES), large),
+                         column("trl", Timeline.iteration_s, large), higher_is_better=False, seeds=large_seeds,
+                         model=LARGE_MODEL, prompts_per_iteration=16,
+                         tide_optimizer_steps=column("tide", lambda t: t.optimizer_steps, large))
         report.goal("~100M variant: RL-iteration time (TRL / tide)", ratio_of(1.0, row["ratio"]), 2.0, row=row)
         train = [large["tide"][s].phase_medians["train"] for s in large_seeds]
         report.note("large_floor", {
