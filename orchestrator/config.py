@@ -236,6 +236,10 @@ class TideConfig(Strict):
                                  f"rollout.mismatch_correction (tis, mis or icepop), so that the trainer recomputes "
                                  f"pi_old and weighs each token by pi_old / pi_behaviour (loss kimi needs none: its "
                                  f"pi_old is the policy that sampled)")
+            if r.proximal == "loglinear" and self.trainer.loss != "grpo":
+                raise ValueError(f"rollout.proximal loglinear approximates decoupled PPO's proximal policy, loss "
+                                 f"grpo's pi_old; loss {self.trainer.loss} takes the policy that sampled as its "
+                                 f"pi_old: remove it")
             gpus = "cuda" in (self.trainer.device, r.device)
             if gpus and self.placement.mode == "colocated":
                 raise ValueError("placement.mode colocated: engines and trainer ranks sharing GPUs is not built; on "

@@ -23,6 +23,7 @@ from orchestrator.sample_metrics import sample_metrics, sample_records
 from orchestrator.scheduler import Drawn, RolloutScheduler
 from orchestrator.session import Session, console
 from rollout.tasks import Problem
+from trainer.batch import LoglinearProximal
 from trainer.lr_schedule import lr_at
 
 
@@ -33,7 +34,7 @@ from trainer.lr_schedule import lr_at
 TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "logp_mean", "entropy",
                  "clip_fraction_low", "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch",
                  "routing_mismatch_trained", "routed_tokens", "replay_sequences_affected", "replay_sequences_closer",
-                 "replay_sequences_farther")
+                 "replay_sequences_farther", "is_weight_mean", "is_truncated_frac")
 
 
 def replay_gaps(train: dict) -> dict[str, float]:
@@ -132,8 +133,10 @@ def run_iterations(s: Session) -> None:
                     trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
             masked = mask_stale(samples, it - 1, r.max_staleness, drawn.version)  # none by schedule: a guard
-            batch, mismatch = samples_batch(samples, s.sampling), {}
-            if s.mismatch_correction:
+            batch, mismatch = samples_batch(samples, s.sampling, version=drawn.version), {}
+            if s.mismatch_correction and r.proximal == "loglinear":  # pi_old interpolated in the train step
+                batch.proximal = LoglinearProximal(trained_by=it - 1, steps_per_iteration=steps, tis_cap=r.tis_cap)
+            elif s.mismatch_correction:
                 with run.phase(it, "old_logprobs"):
                     mismatch = use_trainer_old_logprobs(batch, s.trainer.logprobs(batch), s.mismatch_correction)
             if t.kl.coef > 0:
@@ -151,7 +154,7 @@ def run_iterations(s: Session) -> None:
             # stale batch's spans an update (its sampler, checked when it was drained, is drawn.logprob_gap)
             gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
             if drawn.staleness() == 0:
-                check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if s.mismatch_correction
+                check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if batch.old_recomputed
                                   else "the first mini-batch, before its update", bound_origin)
             gaps = gap_metrics(drawn, gap)
             with run.phase(it, "publish") as rec:

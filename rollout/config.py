@@ -145,6 +145,13 @@ class RolloutConfig(EngineConfig):
         "pi_old.")
     tis_cap: float = Field(2.0, ge=1, description="Cap of the truncated importance weight (mismatch_correction "
                            "tis).")
+    proximal: Literal["recompute", "loglinear"] = Field(
+        "recompute", description="With max_staleness 1 or more and loss grpo, where pi_old (decoupled PPO's "
+        "proximal policy: the trainer's before the iteration's updates) comes from. `recompute`: a forward pass "
+        "of the whole batch before the train step. `loglinear` (AReaL's prox_logp_method, also in slime): "
+        "interpolated per token in log space between the engines' log-probs and the trainer's current ones by the "
+        "optimizer steps from the token's sampler to pi_old and since pi_old; exact on the iteration's first "
+        "mini-batch, an approximation on later ones, and no forward pass. Needs mismatch_correction tis.")
     mis_threshold: float = Field(2.0, gt=1, description="A sequence whose importance ratio prod_t rho_t exceeds "
                                  "it is left out (mismatch_correction mis).")
     icepop_bounds: tuple[float, float] = Field((0.5, 5.0), description="[low, high]: a token whose rho_t is "
@@ -185,6 +192,19 @@ class RolloutConfig(EngineConfig):
             if self.stop:
                 raise ValueError("rollout.partial_rollout with rollout.stop strings is not built (a stop string can "
                                  "straddle two batches' tokens): end generations with stop tokens instead")
+        return self
+
+    @model_validator(mode="after")
+    def _proximal(self) -> "RolloutConfig":
+        if self.proximal == "loglinear":
+            if not self.max_staleness:
+                raise ValueError("rollout.proximal loglinear interpolates pi_old between the policy that sampled and "
+                                 "the trainer's: with max_staleness 0 they are the same policy, so pi_old would "
+                                 "drop the mismatch correction on every mini-batch after the first; use recompute")
+            if self.mismatch_correction != "tis":
+                raise ValueError(f"rollout.proximal loglinear needs mismatch_correction tis (it is "
+                                 f"{self.mismatch_correction}): mis and icepop leave tokens out of the loss before "
+                                 f"the step, by a pi_old that loglinear only knows within it")
         return self
 
     @property

@@ -25,6 +25,9 @@ class TrainSequence:
     # Which completion tokens the loss trains on (1) and which it skips (0: tokens tide inserted into a multi-turn
     # trajectory, such as tool results); empty: every token. Counts, normalisers and statistics follow it.
     loss_mask: list[float] = field(default_factory=list)
+    # The policy version that sampled each completion token (-1: inserted by tide); read by rollout.proximal
+    # loglinear (LoglinearProximal), empty otherwise
+    versions: list[int] = field(default_factory=list)
 
     @property
     def trained_mask(self) -> list[float]:
@@ -55,6 +58,19 @@ class TokenDistribution:
         return self.temperature == 1.0 and not self.truncates
 
 
+@dataclass(frozen=True)
+class LoglinearProximal:
+    """rollout.proximal loglinear (trainer/losses.py loglinear_proximal): pi_old, decoupled PPO's proximal policy,
+    is interpolated between the engines' log-probs (the sequences' old_logprobs) and the trainer's current ones,
+    per token by the optimizer steps from its sampler (TrainSequence.versions) to the policy `trained_by` that
+    starts this train step, each past iteration counted as `steps_per_iteration` steps; each token's policy
+    gradient is weighed by min(pi_old / pi_behaviour, tis_cap)."""
+
+    trained_by: int
+    steps_per_iteration: int
+    tis_cap: float
+
+
 @dataclass
 class TrainBatch:
     sequences: list[TrainSequence]
@@ -62,3 +78,4 @@ class TrainBatch:
     # old_logprobs are the trainer's recomputed pi_old, the engines' are rollout_logprobs, and every sequence has
     # its is_weights (rollout.mismatch_correction)
     old_recomputed: bool = False
+    proximal: LoglinearProximal | None = None  # pi_old interpolated in the train step instead (rollout.proximal)

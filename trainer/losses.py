@@ -31,6 +31,15 @@ kernels). `old_logp` is then the trainer's recomputed pi_old and each token's po
 by its importance weight w_t (`is_weight`, computed by the driver, detached). For `kimi` the weight multiplies
 each token's term of -(r - mean r) sum_t log pi(y_t); the squared log-ratio regulariser is not weighted.
 
+`rollout.proximal: loglinear` (with max_staleness >= 1 and mismatch_correction tis): decoupled PPO's proximal
+policy (Hilton et al. 2021, "Batch size-invariance for policy optimization", arXiv:2110.00641: pi_prox, the
+trainer's policy before this iteration's updates) is not recomputed by a forward pass but interpolated in log space
+between the behaviour policy's log-probs (the engines') and the current policy's (AReaL's `prox_logp_method:
+loglinear`, also in slime): log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = d / (d + k), with d
+the optimizer steps between the token's sampler and pi_prox and k those taken since pi_prox (`loglinear_proximal`).
+tide's variant: AReaL and slime count versions per train step (alpha fixed within it); tide counts optimizer steps,
+so on the iteration's first mini-batch (k = 0: pi_theta is pi_prox) the value is exact, not an approximation.
+
 `trainer.kl` adds coef x KL(pi || pi_ref) to the loss, estimated per sampled token with Schulman's estimators
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
 k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
@@ -55,6 +64,8 @@ arXiv:1602.01783), veRL's `entropy_coeff`. Its gradient is the exact gradient of
 vocabulary, not a sampled estimate.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -188,6 +199,22 @@ def _surrogate(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask:
             per_token = per_token * w
         return aggregate(per_token, mask, spec.agg, n_seqs, n_tokens)
     raise ValueError(f"unknown loss {spec.kind!r}")
+
+
+def loglinear_proximal(logp_now: torch.Tensor, logp_behaviour: torch.Tensor, steps_behind: torch.Tensor,
+                       steps_taken: int, tis_cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rollout.proximal: loglinear` (module docstring): per token, log pi_prox approximated from the current
+    policy's log-probs `logp_now` (detached here) and the behaviour policy's, with `steps_behind` the optimizer
+    steps from the token's sampler to pi_prox and `steps_taken` those since pi_prox; and the truncated importance
+    weight min(pi_prox / pi_b, tis_cap) (orchestrator/mismatch.py's tis). Both are constants of the loss."""
+    now, behaviour = logp_now.detach().float(), logp_behaviour.float()
+    if steps_taken == 0:  # pi_theta is pi_prox: exact
+        prox = now
+    else:
+        alpha = steps_behind / (steps_behind + steps_taken)
+        prox = behaviour + alpha * (now - behaviour)
+    weight = torch.exp(torch.clamp(prox - behaviour, max=math.log(tis_cap)))
+    return prox, weight
 
 
 def length_reward(lengths: torch.Tensor, correct: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

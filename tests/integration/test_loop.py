@@ -249,8 +249,10 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
 
 
 # max_staleness 2 with partial rollouts: a generation gets 2 of its 4 tokens per sampling and is continued in the
-# next one, under the weights the engines serve then
-PARTIAL = {**ASYNC, "rollout__max_staleness": 2, "rollout__partial_rollout": True, "rollout__partial_rollout_tokens": 2}
+# next one, under the weights the engines serve then; grpo's pi_old interpolated per token by its version in the
+# train step
+PARTIAL = {**ASYNC, "rollout__max_staleness": 2, "rollout__partial_rollout": True, "rollout__partial_rollout_tokens": 2,
+           "trainer__loss": "grpo", "rollout__proximal": "loglinear"}
 
 
 def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
@@ -258,7 +260,10 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     sampling by the next policy, so trained samples hold tokens of two versions; every sampling's tokens match the
     log-probs of the policy that sampled them (the trainer's snapshot of it), no token is more than 2 updates old
     when trained (2 reached), and a run SIGKILLed after its iteration-2 checkpoint (which holds batch 3 and the
-    generations it set aside) resumes to the uninterrupted run's metrics, samples and parameters."""
+    generations it set aside) resumes to the uninterrupted run's metrics, samples and parameters. pi_old is
+    interpolated in the train step (rollout.proximal loglinear): no recomputation, stale tokens weighed."""
+    from orchestrator.rundir import read_jsonl
+
     cfg = _write(tmp_path, _config("partial", address, **PARTIAL))
     whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-4000:]
@@ -272,6 +277,8 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     assert any(m["partial_groups_set_aside"] > 0 for m in metrics[:3]) and metrics[3]["partial_groups_set_aside"] == 0
     # each optimizer step of the 4 gets a sample; every generation trained once: as many as were opened
     assert all(m["samples"] >= 4 for m in metrics) and sum(m["samples"] for m in metrics) == 4 * 8 * 4
+    assert not any(t["phase"] == "old_logprobs" for t in read_jsonl(tmp_path / "whole" / "timings.jsonl"))
+    assert all(m["is_weight_mean"] != 1.0 for m in metrics[1:]), metrics
 
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,

@@ -3,6 +3,7 @@ gradient scaled by its importance weight, and a sequence the correction left out
 gradient of a batch with it equal those of the batch without it, in every normaliser."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -94,5 +95,41 @@ def test_the_behaviour_snapshot_keeps_the_policy_that_sampled(ray_cluster, rank_
         assert trainer.logprobs(batch, behaviour=True) == before
         trainer.snapshot_behaviour()
         assert trainer.logprobs(batch, behaviour=True) == after
+    finally:
+        trainer.shutdown()
+
+
+def test_loglinear_proximal_is_exact_on_the_first_mini_batch_and_interpolates_after(ray_cluster, rank_pool,
+                                                                                      tiny_model_dir):
+    """rollout.proximal loglinear, in the train step: with one mini-batch its pi_old is the recomputed one (the
+    loss and gradient of tis on the recomputed pi_old); on a second mini-batch, one optimizer step after pi_old,
+    each token's pi_old is log pi_b + d / (d + 1) (log pi_theta - log pi_b), d = 1 iteration x 2 steps, which the
+    importance weights the step reports show (lr 0 keeps pi_theta where pi_old was)."""
+    from orchestrator.trainer_group import TrainerGroup
+    from trainer.batch import LoglinearProximal
+
+    spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(loss="grpo", micro_batch_size=8))
+    trainer = TrainerGroup(spec, pool=rank_pool)
+    try:
+        seqs = _sequences(random.Random(2), [0, 1])
+        # the engines' log-probs 1 below the trainer's: rho = e, truncated to 2 on pi_old itself
+        recomputed, metrics = _corrected(trainer, seqs, {0: 1.0, 1: 1.0}, MismatchCorrection("tis", tis_cap=2.0))
+        loglinear = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=s.rollout_logprobs,
+                                              reward=s.reward, group=s.group, versions=[0] * len(s.completion_ids))
+                                for s in recomputed.sequences],
+                               proximal=LoglinearProximal(trained_by=1, steps_per_iteration=2, tis_cap=2.0))
+        lr0 = dict(mode="rl", lr=0.0)
+        a, b = trainer.train_step(recomputed, **lr0), trainer.train_step(loglinear, **lr0)
+        assert abs(a["loss"]) > 1e-2
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert metrics["is_weight_mean"] == pytest.approx(2.0) and b["is_weight_mean"] == pytest.approx(2.0)
+        assert b["is_truncated_frac"] == 1.0
+        two = trainer.train_step(loglinear, updates=2, **lr0)  # sequences 0-1, then 2-3
+        assert two["optimizer_steps"] == 2
+        first, second = (sum(len(s.completion_ids) for s in seqs[:2]), sum(len(s.completion_ids) for s in seqs[2:]))
+        assert two["is_weight_mean"] == pytest.approx((2.0 * first + math.exp(2 / 3) * second) / (first + second),
+                                                      rel=1e-5)
+        assert two["is_truncated_frac"] == pytest.approx(first / (first + second))
     finally:
         trainer.shutdown()

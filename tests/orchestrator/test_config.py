@@ -192,6 +192,20 @@ def test_max_staleness_needs_a_correction_for_grpo():
     assert cfg.rollout.probe_interval == 0  # one engine: each batch is checked against the policy that sampled it
 
 
+def test_loglinear_proximal_needs_a_stale_batch_tis_and_grpo():
+    tis = {"max_staleness": 1, "mismatch_correction": "tis"}
+    cfg = parse_config({**_base(), "trainer": {"loss": "grpo"}, "rollout": {**tis, "proximal": "loglinear"}})
+    assert cfg.rollout.proximal == "loglinear"
+    assert parse_config({**_base(), "rollout": tis}).rollout.proximal == "recompute"
+    with pytest.raises(ConfigError, match="with max_staleness 0 they are the same policy"):
+        parse_config({**_base(), "rollout": {"mismatch_correction": "tis", "proximal": "loglinear"}})
+    for other in ("mis", "icepop"):
+        with pytest.raises(ConfigError, match=f"needs mismatch_correction tis .it is {other}"):
+            parse_config({**_base(), "rollout": {**tis, "mismatch_correction": other, "proximal": "loglinear"}})
+    with pytest.raises(ConfigError, match="loss kimi takes the policy that sampled as its pi_old"):
+        parse_config({**_base(), "trainer": {"loss": "kimi"}, "rollout": {**tis, "proximal": "loglinear"}})
+
+
 def test_partial_rollouts_and_a_bound_above_one_go_together():
     tis = {"mismatch_correction": "tis"}
     with pytest.raises(ConfigError, match="rollout.max_staleness 2: above 1 only with partial_rollout true"):

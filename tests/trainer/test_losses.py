@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.losses import (LossSpec, advantages, aggregate, clipped_token_loss, kimi_sequence_loss, kimi_token_loss,
-                            length_reward, policy_loss)
+                            length_reward, loglinear_proximal, policy_loss)
 from trainer.batch import TokenDistribution
 from trainer.lr_schedule import LRSchedule, lr_at
 
@@ -413,3 +413,24 @@ def test_inserted_tokens_add_nothing_to_the_loss_or_its_gradient(spec):
     # equal up to float32 summation order (Kimi's sums run over the zeros too)
     assert torch.allclose(a, b, rtol=1e-6, atol=0) and torch.allclose(ga, gb, rtol=1e-6, atol=0)
     assert ga.abs().sum() > 0
+
+
+def test_loglinear_proximal_by_hand():
+    """rollout.proximal loglinear: on the first mini-batch (no step taken since pi_prox) pi_prox is the current
+    policy exactly; after k steps, log pi_b + d / (d + k) (log pi_theta - log pi_b); a token sampled by pi_prox
+    itself (d = 0) keeps pi_b. The TIS weight is min(pi_prox / pi_b, cap); neither carries a gradient."""
+    now = torch.tensor([[-1.0, -3.0, -2.0]], requires_grad=True)
+    behaviour = torch.tensor([[-2.0, -2.5, -2.0]])
+    behind = torch.tensor([[4.0, 4.0, 0.0]])
+    prox, w = loglinear_proximal(now, behaviour, behind, 0, 2.0)
+    assert prox.tolist() == [[-1.0, -3.0, -2.0]] and not prox.requires_grad and not w.requires_grad
+    assert w.tolist() == [pytest.approx([2.0, math.exp(-0.5), 1.0])]  # e^1 capped at 2
+    prox, w = loglinear_proximal(now, behaviour, behind, 4, 2.0)  # alpha 4 / 8 on the first two, 0 on the last
+    assert prox.tolist() == [pytest.approx([-1.5, -2.75, -2.0])]
+    assert w.tolist() == [pytest.approx([math.exp(0.5), math.exp(-0.25), 1.0])]
+    # at k = 0 the clipped surrogate is the on-policy gradient, -A grad log pi weighted by w
+    prox, w = loglinear_proximal(now, behaviour, behind, 0, 2.0)
+    loss = policy_loss(LossSpec("grpo", agg="token_mean"), now, prox, torch.ones(1, 3), torch.tensor([1.0]), 1, 3,
+                       is_weight=w)
+    loss.backward()
+    assert now.grad.tolist() == [pytest.approx([-2.0 / 3, -math.exp(-0.5) / 3, -1.0 / 3])]

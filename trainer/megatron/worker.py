@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from datetime import timedelta
 from functools import partial
@@ -12,15 +13,17 @@ from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 
-from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
+from trainer.batch import LoglinearProximal, TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import advantages, clip_counts, kl_estimate, masked_reference, policy_loss
+from trainer.losses import (advantages, clip_counts, kl_estimate, loglinear_proximal, masked_reference,
+                            policy_loss)
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, kl_distribution, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
 ENTROPY_CHUNK = 1024  # positions per piece of the entropy metric
 # What train_step sums per optimizer step (over micro-batches and data-parallel ranks)
-STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high")
+STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high", "is_weight",
+         "is_truncated")
 
 if TYPE_CHECKING:
     from trainer.megatron.routing_replay import RoutingPass
@@ -253,11 +256,13 @@ class MegatronWorker:
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs, seq_len), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs, seq_len), dtype=torch.float32)
             is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights, seq_len), dtype=torch.float32)
+            versions = torch.tensor(rows(chosen, lambda s: [float(v) for v in s.versions], seq_len),
+                                    dtype=torch.float32)
             routing = micro_batch_routing(
                 [seqs[i].routed_experts if i >= 0 else None for i in chosen],
                 [_positions(seq(i)) for i in chosen], seq_len)
             mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, is_weight=is_weight, routing=routing,
+                            rollout=behaviour, is_weight=is_weight, versions=versions, routing=routing,
                             position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
                             adv=None if adv is None else torch.stack([adv[i] if i >= 0 else adv.new_zeros(())
                                                                       for i in chosen])))
@@ -436,8 +441,9 @@ class MegatronWorker:
                 spec = self.loss_spec
                 signal = (mode != "rl" or spec.kind != "grpo" or spec.kl_coef > 0 or spec.entropy_coef > 0
                           or any(adv[i] != 0 and seqs[i].trained_tokens > 0 for i in chunk))
-                step_stats, grad_norm, counts = self._optimizer_step(seqs, chunk, adv, seq_len, mode, dist,
-                                                                     batch.old_recomputed, how, step=signal)
+                step_stats, grad_norm, counts = self._optimizer_step(
+                    seqs, chunk, adv, seq_len, mode, dist, batch.old_recomputed, how, step=signal,
+                    proximal=batch.proximal if mode == "rl" else None, steps_taken=len(grad_norms))
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
@@ -463,6 +469,8 @@ class MegatronWorker:
             out |= {"kl_ref": kl_first, "kl_ref_mean": per_token["kl_ref"]}
         if mode == "rl" and self.loss_spec.kind == "grpo":
             out |= {"clip_fraction_low": per_token["clip_low"], "clip_fraction_high": per_token["clip_high"]}
+        if mode == "rl" and batch.proximal is not None:  # the interpolated pi_old's weights, every mini-batch's
+            out |= {"is_weight_mean": per_token["is_weight"], "is_truncated_frac": per_token["is_truncated"]}
         return out | routing_stats
 
     def _applied_lr(self) -> float:
@@ -526,10 +534,12 @@ class MegatronWorker:
 
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, old_recomputed: bool,
-                        routing: RoutingPass | None = None, step: bool = True
+                        routing: RoutingPass | None = None, step: bool = True,
+                        proximal: LoglinearProximal | None = None, steps_taken: int = 0
                         ) -> tuple[torch.Tensor, float, torch.Tensor]:
         """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step; with
-        `step` false, the forward only (its statistics; a gradient nobody applies is not computed)."""
+        `step` false, the forward only (its statistics; a gradient nobody applies is not computed). `proximal`:
+        pi_old interpolated here (rollout.proximal loglinear), `steps_taken` optimizer steps after pi_old."""
         dp = self.ps.get_data_parallel_world_size()
         # a sequence the mismatch correction left out whole (trained_tokens 0) counts in no denominator
         n_seqs = sum(1 for i in chunk if seqs[i].trained_tokens > 0)
@@ -547,7 +557,15 @@ class MegatronWorker:
             logp, ent = self._token_logprobs(output, mb, dist, "grad" if entropy_grad else "metric")
             mask = mb["mask"].to(logp.device)
             old = mb["old"].to(logp.device)
-            sq = kl = gap = clip_low = clip_high = logp.new_zeros(())
+            sq = kl = gap = clip_low = clip_high = is_weight = truncated = logp.new_zeros(())
+            w = mb["is_weight"].to(logp.device) if old_recomputed else None
+            if proximal is not None:  # old: the engines' log-probs, the behaviour policy's
+                behind = (proximal.trained_by - mb["versions"].to(logp.device)).clamp(min=0)
+                behaviour = old
+                old, w = loglinear_proximal(logp, behaviour, behind * proximal.steps_per_iteration, steps_taken,
+                                            proximal.tis_cap)
+                is_weight = (w * mask).sum()
+                truncated = (((old - behaviour) > math.log(proximal.tis_cap)).float() * mask).sum()
             if mode == "sft":
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
             else:
@@ -556,7 +574,6 @@ class MegatronWorker:
                 kl_logp = None
                 if ref is not None:  # the KL term's distribution: the whole tempered vocabulary (kl_distribution)
                     kl_logp = self._token_logprobs(output, mb, kl_distribution(dist))[0] if dist.truncates else logp
-                w = mb["is_weight"].to(logp.device) if old_recomputed else None
                 loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent,
                                    kl_logp=kl_logp)
                 sq = (((logp - old) ** 2) * mask).sum()
@@ -567,7 +584,7 @@ class MegatronWorker:
                 if spec.kind == "grpo":
                     clip_low, clip_high = clip_counts(logp, old, adv_mb, mask, spec.clip_eps_low, spec.clip_eps_high)
             stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap,
-                                 (ent.detach() * mask).sum(), clip_low, clip_high])
+                                 (ent.detach() * mask).sum(), clip_low, clip_high, is_weight, truncated])
             return loss * scale, {"stats": stats}
 
         self.model.zero_grad_buffer()
