@@ -10,6 +10,8 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
    - `train_step(mode="sft")` steps on the same batch: the loss must decrease (`loss_decreases`), and every
      published weight must lie within what Adam can move it in that many steps (`update_size`: a trainer that
      lost the loaded weights, e.g. an optimizer writing back main copies taken before loading, fails it);
+   - one RL step (grpo, truncated importance sampling, lr 0) with pi_old recomputed and with it interpolated in
+     the step (rollout.proximal loglinear): one mini-batch, so the two losses must agree (`rl_proximal`);
    - `logits` against transformers loading the bf16 checkpoint that `publish` wrote (through `Manifest` and
      `materialize_whole`), on the same device in bf16 (`logits_bf16`: a bf16 bound, per position);
    - a second rank in float32 loads that published checkpoint (HF -> Megatron) and publishes it again
@@ -63,6 +65,9 @@ FP32_LOGITS_BOUND = 1e-4
 # of 96, and by < 0.06 everywhere else); for those families BF16_MOE_FLIP_SHARE of the positions may exceed it.
 # The exact check of the conversion is the float32 one.
 BF16_LOGITS_REL_BOUND = 5e-2
+# rl_proximal: loss and gradient norm of one bf16 step with pi_old from the log-prob pass and from the step's own
+# forward; measured on CPU (--quick): equal to ~1e-6 relative (bf16 rounding of the two passes)
+RL_REL_BOUND = 1e-2
 BF16_MOE_FLIP_SHARE = 0.05
 # bfloat16 has 8 significant bits: rounding moves a weight by at most 2^-8 of its magnitude
 BF16_UNIT_ROUNDOFF = 2.0 ** -8
@@ -204,6 +209,32 @@ def _compare(ours: list, theirs) -> dict:
             "per_position": per_position}
 
 
+def rl_proximal_step(worker, batch) -> dict:
+    """One RL step (grpo, truncated importance sampling) at lr 0 on `batch` with rewards 1, 0 per pair of
+    sequences and the engines' log-probs taken 0.5 below the rank's: pi_old recomputed by a forward pass
+    (rollout.proximal recompute) and interpolated in the step (loglinear). One mini-batch: loglinear's pi_old is
+    the step's own log-probs, the recomputed one the same policy's, so the two losses must agree."""
+    from orchestrator.mismatch import MismatchCorrection, use_trainer_old_logprobs
+    from trainer.batch import LoglinearProximal, TrainBatch, TrainSequence
+
+    seqs = [TrainSequence(s.prompt_ids, s.completion_ids, reward=float(i % 2 == 0), group=i // 2)
+            for i, s in enumerate(batch.sequences)]
+    ours = worker.logprobs(TrainBatch(seqs))
+    ours = [ours[i] for i in range(len(seqs))]
+    for s, lp in zip(seqs, ours):
+        s.old_logprobs = [x - 0.5 for x in lp]
+    loglinear = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=list(s.old_logprobs),
+                                          reward=s.reward, group=s.group, versions=[0] * len(s.completion_ids))
+                            for s in seqs], proximal=LoglinearProximal(trained_by=1, steps_per_iteration=1,
+                                                                       tis_cap=2.0))
+    recomputed = TrainBatch(seqs)
+    use_trainer_old_logprobs(recomputed, ours, MismatchCorrection("tis", tis_cap=2.0))
+    a = worker.train_step(recomputed, mode="rl", lr=0.0)
+    b = worker.train_step(loglinear, mode="rl", lr=0.0)
+    return {"loss_recompute": a["loss"], "loss_loglinear": b["loss"], "grad_norm_recompute": a["grad_norm"],
+            "grad_norm_loglinear": b["grad_norm"], "is_weight_mean_loglinear": b["is_weight_mean"]}
+
+
 def adam_reach(lr: float, steps: int) -> float:
     """How far `steps` Adam steps at `lr` (no weight decay) can move one weight: with bias correction, step t's
     |m_hat| / sqrt(v_hat) is at most sqrt(t) (Cauchy-Schwarz over the t gradients), so at most lr * sum sqrt(t)."""
@@ -273,6 +304,15 @@ def check_family(fam: str, args, work: Path, checks: Checks) -> dict:
             f"{1e3 * rec['train']['step_time_s']:.1f} ms (first {1e3 * times[0]:.0f} ms)")
         checks.add(f"{fam}/loss_decreases", all(math.isfinite(x) for x in losses) and losses[-1] < losses[0],
                    losses[-1], losses[0], "last step's loss below the first's")
+        rl = rec["rl_proximal"] = rl_proximal_step(worker, batch)
+        # relative differences of the loss and of its gradient's norm (the loss alone, at ratio 1, is -A w per
+        # token whatever the model: the gradient is what the policy's log-probs shape)
+        gap = max(abs(rl[f"{k}_loglinear"] - rl[f"{k}_recompute"]) / abs(rl[f"{k}_recompute"])
+                  for k in ("loss", "grad_norm")) if rl["loss_recompute"] and rl["grad_norm_recompute"] else math.inf
+        checks.add(f"{fam}/rl_proximal", gap <= RL_REL_BOUND, gap, RL_REL_BOUND,
+                   f"grpo + tis at lr 0, one mini-batch, pi_old interpolated (loglinear) vs recomputed: loss "
+                   f"{rl['loss_loglinear']:.5g} vs {rl['loss_recompute']:.5g}, gradient norm "
+                   f"{rl['grad_norm_loglinear']:.5g} vs {rl['grad_norm_recompute']:.5g}")
         bf16_logits = worker.logits(tokens)
         bf16_dir = _publish(worker, work / fam, 1)
         _close(worker)

@@ -97,7 +97,7 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         assert jax[algo]["env_steps_per_s"] > 0, algo
         assert jax[algo]["compile_s"] > 0, algo
     names = {c["name"] for c in report["checks"]}
-    for check in ("loss_decreases", "update_size", "logits_bf16", "roundtrip", "logits_fp32"):
+    for check in ("loss_decreases", "rl_proximal", "update_size", "logits_bf16", "roundtrip", "logits_fp32"):
         assert {f"{f}/{check}" for f in _families()} <= names, check
     assert {"jax/ppo/env_steps_per_s", "jax/sac/env_steps_per_s"} <= names
 
