@@ -17,22 +17,28 @@ samples per second (samples trained / seconds from the end of iteration 1 to the
 included); the cores each role kept busy (engine, trainer, other: CPU seconds / those seconds), and the most a
 run could still gain doing the same CPU work on its idle cores (cores / cores in use: wall >= CPU / cores).
 Repeat i runs every variant with seed 1 + i.
-Variants: lockstep; max_staleness 1 disaggregated and colocated; max_staleness 2 with partial rollouts (a
+Variants: lockstep; max_staleness 1 disaggregated and colocated, each with pi_old recomputed (`one_step_*`) and
+interpolated in the train step (`loglinear_*`, rollout.proximal); max_staleness 2 with partial rollouts (a
 generation gets half its token budget per sampling and is continued in the next), disaggregated; lockstep
 disaggregated.
-Goals (issue 34): samples/s of max_staleness 1 (disaggregated) >= 1.3x lockstep's on the long-tail and the
-tool-heavy jobs, and of max_staleness 2 with partial rollouts on the long-tail job; reward gain (mean reward of
-the last 10 iterations minus the first 10) at equal samples >= 0.9x lockstep's on the 70-iteration quickstart
-(full mode only).
+Goals (issue 34): samples/s of max_staleness 1 (disaggregated; a goal per proximal) >= 1.3x lockstep's on the
+long-tail and the tool-heavy jobs, and of max_staleness 2 with partial rollouts on the long-tail job; reward
+gain (mean reward of the last 10 iterations minus the first 10) at equal samples >= 0.9x lockstep's on the
+70-iteration quickstart (full mode only).
 Weight-update latency (`--jobs update_latency`, full mode only): bench_e2e's ~100M job in lockstep with the
 shipped sync (reload), per iteration from the end of its train step to the end of its sync (publish, then every
 engine holding the new weights; its next rollout generates with them), with the sync's verify and load, beside
 the floor measured right after each run: the checkpoint's bytes copied once between two buffers in memory. A copy
 from a file in /dev/shm into a new one is reported beside it, not as the floor: the new file's pages are allocated
 and zeroed as it is written, and tide's publish, which writes into recycled pages, beats it (measured: 0.08 s
-against 0.19 s for 434 MB). Goal (issue 34): latency <= 2x the floor. Not in this script yet, so no figure is
-claimed: max_staleness 2 on the tool-heavy job (partial rollouts of multi-turn trajectories are not built), TRL on
-bench_e2e's job.
+against 0.19 s for 434 MB). Goal (issue 34): latency <= 2x the floor.
+Against TRL (`--jobs trl_100m`, full mode only): bench_e2e's ~100M job (its 40-step warm start gives every
+iteration a learning signal, so both sides take all 4 optimizer steps), 6 iterations, tide in lockstep and with
+max_staleness 1 (colocated, disaggregated), then TRL's GRPOTrainer in its own process, per seed; RL-iteration time
+as bench_e2e defines it (median time between consecutive iterations' rewards), each tide run's cores by role.
+Goal (issue 34): TRL / tide >= 1.3 for tide as its users run it (lockstep, the default); the overlapped variants
+are reported beside it. Not in this script yet, so no figure is claimed: max_staleness 2 on the tool-heavy job
+(partial rollouts of multi-turn trajectories are not built).
 """
 from __future__ import annotations
 
@@ -50,8 +56,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Report, bench_arguments, repeats_for  # noqa: E402
-from bench_e2e import large_job  # noqa: E402
+from bench_common import Report, bench_arguments, ratio_of, repeats_for  # noqa: E402
+from bench_e2e import LARGE_UPDATES, Timeline, large_job, run_trl_process  # noqa: E402
 from measure_overlap_bound import bound, measure  # noqa: E402  (its phase table; its bound assumes lockstep's speeds)
 
 from orchestrator.inspect import iteration_ends  # noqa: E402
@@ -64,13 +70,17 @@ ONE_STEP = ["rollout.max_staleness=1", "rollout.mismatch_correction=tis"]
 # max_staleness 2 with partial rollouts: a generation gets half its token budget per sampling (the default)
 PARTIAL = ["rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.mismatch_correction=tis"]
 DISAGGREGATED = ["placement.mode=disaggregated"]
+LOGLINEAR = ["rollout.proximal=loglinear"]  # pi_old interpolated in the train step, not recomputed
 VARIANTS = {  # name -> overrides; "lockstep" is every row's baseline
     "lockstep": [],
     "one_step_disaggregated": ONE_STEP + DISAGGREGATED,
+    "loglinear_disaggregated": ONE_STEP + LOGLINEAR + DISAGGREGATED,
     "partial_disaggregated": PARTIAL + DISAGGREGATED,
     "one_step_colocated": ONE_STEP,
+    "loglinear_colocated": ONE_STEP + LOGLINEAR,
     "lockstep_disaggregated": DISAGGREGATED,
 }
+ONE_STEP_VARIANTS = ("one_step_disaggregated", "loglinear_disaggregated")  # the goals' max_staleness 1 sides
 JOBS = {  # name -> (config, overrides, iterations in full mode, in quick mode)
     "long_tail": ("quickstart.yaml", ["rollout.max_new_tokens=256", "model.tiny.max_position_embeddings=512",
                                       "trainer.warmup_sft_steps=5", "trainer.micro_batch_tokens=4096"], 12, 0),
@@ -81,6 +91,13 @@ JOBS = {  # name -> (config, overrides, iterations in full mode, in quick mode)
 QUICK_VARIANTS = ("lockstep", "one_step_disaggregated")
 NOT_WITH = {("tool_heavy", "partial_disaggregated")}  # partial rollouts of multi-turn trajectories: not built
 LATENCY_JOB, LATENCY_ITERATIONS, LATENCY_TARGET = "update_latency", 6, 2.0  # latency <= 2x the copy floor
+# bench_e2e's ~100M job against TRL's GRPOTrainer: TRL / tide RL-iteration time >= 1.3 (tide as users run it)
+TRL_JOB, TRL_ITERATIONS, TRL_TARGET = "trl_100m", 6, 1.3
+# both sides' process trees sampled this often, alike: the sampler shares the 2 cores with what it measures (at the
+# other jobs' 0.05 s, tide's lockstep ~100M iteration took 5.7 s against 5.2 s unsampled in a one-seed probe)
+CPU_INTERVAL = 0.5
+TRL_VARIANTS = ("lockstep", "one_step_colocated", "one_step_disaggregated", "loglinear_colocated",
+                "loglinear_disaggregated")
 GAIN_WINDOW = 10  # iterations averaged at each end of a run for its reward gain
 CORES = len(os.sched_getaffinity(0))
 
@@ -124,6 +141,46 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
           f"({out['seconds_per_iteration']:.3f} s/it), cores " +
           " ".join(f"{r} {c:.2f}" for r, c in out["cores"].items()) +
           f", reward gain {out['reward_gain']:+.3f}, mean length {out['completion_len']:.1f}", flush=True)
+    return out
+
+
+def against_trl(seed: int, iterations: int, variants: tuple[str, ...], work: Path) -> dict:
+    """bench_e2e's ~100M job (its learning signal makes both sides take every optimizer step): each tide variant
+    (`tide run`, its cores sampled) and TRL's GRPOTrainer (bench_e2e's process, as its users run it) on the same
+    config and seed. RL-iteration time on both sides as bench_e2e defines it: the median time between consecutive
+    iterations' rewards; a tide run with an iteration of fewer optimizer steps than TRL's counts as no figure."""
+    cfg = large_job(seed, iterations)
+    out: dict = {"seed": seed, "tide": {}}
+    for variant in variants:
+        cfg["name"] = f"trl_100m_{variant}_{seed}"
+        path, run_dir = work / f"{cfg['name']}.yaml", work / cfg["name"]
+        path.write_text(yaml.safe_dump(cfg))
+        samples = measure(path, VARIANTS[variant], CPU_INTERVAL, run_dir)
+        timings, metrics = read_jsonl(run_dir / "timings.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+        scored = {t["iteration"]: t["start"] + t["seconds"] for t in timings if t["phase"] == "reward"}
+        its = sorted(scored)
+        run = Timeline(math.nan, math.nan, [], [scored[it] for it in its],
+                       optimizer_steps=[m["optimizer_steps"] for m in metrics])
+        steady_s = iteration_ends(timings)[iterations] - iteration_ends(timings)[1]
+        cpu: dict[str, float] = {}
+        for key, roles in samples["cpu"].items():
+            if int(key.split("/")[0]) > 1:
+                for role, sec in roles.items():
+                    cpu[role] = cpu.get(role, 0.0) + sec
+        out["tide"][variant] = {
+            "iteration_s": run.equal_work_iteration_s(LARGE_UPDATES), "optimizer_steps": run.optimizer_steps,
+            "cores": {role: sec / steady_s for role, sec in sorted(cpu.items())},
+            "phases": bound(samples, CORES)["phases"] if variant == "lockstep" else None}
+        print(f"  {TRL_JOB} {variant:<24}seed {seed}: {run.iteration_s():.2f} s/iteration, optimizer steps "
+              f"{run.optimizer_steps}, cores " + " ".join(f"{r} {c:.2f}" for r, c in out["tide"][variant]
+                                                          ["cores"].items()), flush=True)
+    cfg["name"] = f"trl_100m_trl_{seed}"
+    trl = run_trl_process(cfg, work / "trl", cpu_interval=CPU_INTERVAL)
+    # iterations 2..N, as tide's cores are counted
+    cores = trl.cores_between(trl.reward_times[0], trl.reward_times[-1])
+    out["trl"] = {"iteration_s": trl.iteration_s(), "process_s": trl.process_s, "cores": cores}
+    print(f"  {TRL_JOB} {'trl GRPOTrainer':<24}seed {seed}: {trl.iteration_s():.2f} s/iteration, cores {cores:.2f}",
+          flush=True)
     return out
 
 
@@ -194,12 +251,14 @@ def memcpy_floor(nbytes: int, repeats: int = 3) -> float:
 
 def main() -> None:
     ap = bench_arguments(__doc__)
-    ap.add_argument("--jobs", nargs="+", choices=[*JOBS, LATENCY_JOB], default=[*JOBS, LATENCY_JOB],
+    ap.add_argument("--jobs", nargs="+", choices=[*JOBS, LATENCY_JOB, TRL_JOB],
+                    default=[*JOBS, LATENCY_JOB, TRL_JOB],
                     help="the jobs to run")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="the variants to run (lockstep always)")
     ap.add_argument("--repeats", type=int, help="seeds per variant (default: 5, 3 with --quick)")
+    ap.add_argument("--out", help="the JSON report's path (default: bench_results/async.json)")
     args = ap.parse_args()
-    report = Report("async", args.quick)
+    report = Report("async", args.quick, out=args.out)
     repeats = args.repeats or repeats_for(args.quick)
     variants = QUICK_VARIANTS if args.quick else tuple(VARIANTS)
     if args.variants:
@@ -218,6 +277,9 @@ def main() -> None:
         # the ~100M job's weight updates, each seed's floor measured right after its run
         latency = [update_latency(1 + i, LATENCY_ITERATIONS, Path(tmp)) for i in range(repeats)] \
             if LATENCY_JOB in args.jobs and not args.quick else []
+        trl_variants = tuple(v for v in TRL_VARIANTS if v in variants)
+        against = [against_trl(1 + i, TRL_ITERATIONS, trl_variants, Path(tmp)) for i in range(repeats)] \
+            if TRL_JOB in args.jobs and not args.quick else []
     for (job, variant), rs in runs.items():
         if variant == "lockstep":
             continue
@@ -230,12 +292,13 @@ def main() -> None:
                    [r["tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in base],
                    completion_len_steady_contender=[r["completion_len_steady"] for r in rs],
                    completion_len_steady_baseline=[r["completion_len_steady"] for r in base])
-        if job in ("long_tail", "tool_heavy") and variant == "one_step_disaggregated":
-            report.goal(f"{job} samples/s, max_staleness 1 / lockstep", row["ratio"], SPEEDUP_TARGET, row=row)
+        if job in ("long_tail", "tool_heavy") and variant in ONE_STEP_VARIANTS:
+            report.goal(f"{job} samples/s, max_staleness 1 ({variant}) / lockstep", row["ratio"], SPEEDUP_TARGET,
+                        row=row)
         if job == "long_tail" and variant == "partial_disaggregated":
             report.goal(f"{job} samples/s, max_staleness 2 with partial rollouts / lockstep", row["ratio"],
                         SPEEDUP_TARGET, row=row)
-        if job == "quickstart" and not args.quick and variant.startswith("one_step"):
+        if job == "quickstart" and not args.quick and variant.startswith(("one_step", "loglinear")):
             gains = report.add(f"{job}: {variant} reward gain", variant, "lockstep",
                                f"reward gain (last {GAIN_WINDOW} - first {GAIN_WINDOW} iterations)",
                                [r["reward_gain"] for r in rs], [r["reward_gain"] for r in base])
@@ -251,9 +314,22 @@ def main() -> None:
         report.goal(f"weight-update latency at ~100M: copy floor / latency (latency <= {LATENCY_TARGET:g}x the floor)",
                     1.0 / row["ratio"], 1.0 / LATENCY_TARGET, row=row)
         report.note("update_latency_runs", latency)
+    for variant in against[0]["tide"] if against else ():
+        row = report.add(f"{TRL_JOB}: tide {variant} against TRL", f"tide {variant}", "trl GRPOTrainer",
+                         "seconds between consecutive iterations' rewards (bench_e2e's ~100M job)",
+                         [r["tide"][variant]["iteration_s"] for r in against],
+                         [r["trl"]["iteration_s"] for r in against],
+                         higher_is_better=False, cores_contender=[r["tide"][variant]["cores"] for r in against],
+                         cores_baseline=[r["trl"]["cores"] for r in against],
+                         tide_optimizer_steps=[r["tide"][variant]["optimizer_steps"] for r in against])
+        if variant == "lockstep":  # tide as its users run it (the default); the overlapped variants are reported
+            report.goal(f"~100M job: TRL / tide RL-iteration time (tide {variant})", ratio_of(1.0, row["ratio"]),
+                        TRL_TARGET, row=row)
+    if against:
+        report.note("trl_100m_runs", against)
     report.note("runs", {f"{job}/{variant}": rs for (job, variant), rs in runs.items()})
     report.note("not_measured", ["max_staleness 2 on tool_heavy (partial rollouts of multi-turn trajectories are not "
-                                 "built)", "TRL / tide iteration time on bench_e2e's ~100M job"])
+                                 "built)"])
     report.finish()
     for (job, variant), rs in runs.items():
         cores = ", ".join(f"{role} {statistics.median(r['cores'].get(role, 0.0) for r in rs):.2f}"
