@@ -151,7 +151,9 @@ class RolloutConfig(EngineConfig):
         "of the whole batch before the train step. `loglinear` (AReaL's prox_logp_method, also in slime): "
         "interpolated per token in log space between the engines' log-probs and the trainer's current ones by the "
         "optimizer steps from the token's sampler to pi_old and since pi_old; exact on the iteration's first "
-        "mini-batch, an approximation on later ones, and no forward pass. Needs mismatch_correction tis.")
+        "mini-batch, an approximation on later ones, and no forward pass. Needs mismatch_correction tis. Exact "
+        "with one optimizer step per iteration; with several, measured to cost learning (the quickstart's reward "
+        "gain about half lockstep's: docs/training.md).")
     mis_threshold: float = Field(2.0, gt=1, description="A sequence whose importance ratio prod_t rho_t exceeds "
                                  "it is left out (mismatch_correction mis).")
     icepop_bounds: tuple[float, float] = Field((0.5, 5.0), description="[low, high]: a token whose rho_t is "
