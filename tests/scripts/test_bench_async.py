@@ -55,3 +55,20 @@ def test_copy_floor_copies_the_bytes(monkeypatch):
     small, large = bench_async.new_file_copy(1 << 20), bench_async.new_file_copy(64 << 20)
     assert 0 < small < large
     assert 0 < bench_async.memcpy_floor(1 << 20) < bench_async.memcpy_floor(64 << 20)
+
+
+def test_against_trl_counts_equal_work_and_cores_by_hand(monkeypatch):
+    """trl_100m: a tide run with an iteration of fewer optimizer steps than TRL's is no figure (inf); a sampled
+    process tree's cores are its CPU seconds over the wall seconds between the samples inside the span."""
+    import math
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from bench_e2e import Timeline
+
+    run = Timeline(0.0, 0.0, [], [1.0, 3.0, 6.0], optimizer_steps=[4, 4, 4])
+    assert run.equal_work_iteration_s(4) == 2.5  # the median of 2 and 3
+    run.optimizer_steps = [4, 3, 4]
+    assert math.isinf(run.equal_work_iteration_s(4)) and run.iteration_s() == 2.5
+    sampled = Timeline(0.0, 0.0, [], [], cpu=[(0.0, 0.0), (1.0, 0.5), (2.0, 2.5), (3.0, 4.5), (4.0, 4.6)])
+    assert sampled.cores_between(0.5, 3.0) == pytest.approx(2.0)  # (4.5 - 0.5) / (3 - 1)
+    assert math.isnan(sampled.cores_between(3.5, 3.9))
