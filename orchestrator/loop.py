@@ -133,9 +133,10 @@ def run_iterations(s: Session) -> None:
                     trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
             masked = mask_stale(samples, it - 1, r.max_staleness, drawn.version)  # none by schedule: a guard
-            batch, mismatch = samples_batch(samples, s.sampling, version=drawn.version), {}
-            if s.mismatch_correction and r.proximal == "loglinear":  # pi_old interpolated in the train step
-                batch.proximal = LoglinearProximal(trained_by=it - 1, steps_per_iteration=steps, tis_cap=r.tis_cap)
+            loglinear = s.mismatch_correction and r.proximal == "loglinear"  # pi_old interpolated in the train step
+            batch, mismatch = samples_batch(samples, s.sampling, version=drawn.version if loglinear else None), {}
+            if loglinear:
+                batch.proximal = LoglinearProximal(trained_by=it - 1, tis_cap=r.tis_cap)
             elif s.mismatch_correction:
                 with run.phase(it, "old_logprobs"):
                     mismatch = use_trainer_old_logprobs(batch, s.trainer.logprobs(batch), s.mismatch_correction)

@@ -225,8 +225,7 @@ def rl_proximal_step(worker, batch) -> dict:
         s.old_logprobs = [x - 0.5 for x in lp]
     loglinear = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=list(s.old_logprobs),
                                           reward=s.reward, group=s.group, versions=[0] * len(s.completion_ids))
-                            for s in seqs], proximal=LoglinearProximal(trained_by=1, steps_per_iteration=1,
-                                                                       tis_cap=2.0))
+                            for s in seqs], proximal=LoglinearProximal(trained_by=1, tis_cap=2.0))
     recomputed = TrainBatch(seqs)
     use_trainer_old_logprobs(recomputed, ours, MismatchCorrection("tis", tis_cap=2.0))
     a = worker.train_step(recomputed, mode="rl", lr=0.0)

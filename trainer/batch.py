@@ -63,11 +63,10 @@ class LoglinearProximal:
     """rollout.proximal loglinear (trainer/losses.py loglinear_proximal): pi_old, decoupled PPO's proximal policy,
     is interpolated between the engines' log-probs (the sequences' old_logprobs) and the trainer's current ones,
     per token by the optimizer steps from its sampler (TrainSequence.versions) to the policy `trained_by` that
-    starts this train step, each past iteration counted as `steps_per_iteration` steps; each token's policy
-    gradient is weighed by min(pi_old / pi_behaviour, tis_cap)."""
+    starts this train step, each past iteration counted as this train step's updates x epochs; each token's
+    policy gradient is weighed by min(pi_old / pi_behaviour, tis_cap)."""
 
     trained_by: int
-    steps_per_iteration: int
     tis_cap: float
 
 

@@ -117,7 +117,7 @@ def test_loglinear_proximal_is_exact_on_the_first_mini_batch_and_interpolates_af
         loglinear = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, old_logprobs=s.rollout_logprobs,
                                               reward=s.reward, group=s.group, versions=[0] * len(s.completion_ids))
                                 for s in recomputed.sequences],
-                               proximal=LoglinearProximal(trained_by=1, steps_per_iteration=2, tis_cap=2.0))
+                               proximal=LoglinearProximal(trained_by=1, tis_cap=2.0))
         lr0 = dict(mode="rl", lr=0.0)
         a, b = trainer.train_step(recomputed, **lr0), trainer.train_step(loglinear, **lr0)
         assert abs(a["loss"]) > 1e-2

@@ -256,8 +256,7 @@ class MegatronWorker:
             ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs, seq_len), dtype=torch.float32)
             behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs, seq_len), dtype=torch.float32)
             is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights, seq_len), dtype=torch.float32)
-            versions = torch.tensor(rows(chosen, lambda s: [float(v) for v in s.versions], seq_len),
-                                    dtype=torch.float32)
+            versions = torch.tensor(rows(chosen, lambda s: s.versions, seq_len), dtype=torch.float32)
             routing = micro_batch_routing(
                 [seqs[i].routed_experts if i >= 0 else None for i in chosen],
                 [_positions(seq(i)) for i in chosen], seq_len)
@@ -443,7 +442,8 @@ class MegatronWorker:
                           or any(adv[i] != 0 and seqs[i].trained_tokens > 0 for i in chunk))
                 step_stats, grad_norm, counts = self._optimizer_step(
                     seqs, chunk, adv, seq_len, mode, dist, batch.old_recomputed, how, step=signal,
-                    proximal=batch.proximal if mode == "rl" else None, steps_taken=len(grad_norms))
+                    proximal=batch.proximal if mode == "rl" else None, steps_taken=len(grad_norms),
+                    steps_per_iteration=updates * epochs)
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
@@ -535,11 +535,12 @@ class MegatronWorker:
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, old_recomputed: bool,
                         routing: RoutingPass | None = None, step: bool = True,
-                        proximal: LoglinearProximal | None = None, steps_taken: int = 0
-                        ) -> tuple[torch.Tensor, float, torch.Tensor]:
+                        proximal: LoglinearProximal | None = None, steps_taken: int = 0,
+                        steps_per_iteration: int = 1) -> tuple[torch.Tensor, float, torch.Tensor]:
         """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step; with
         `step` false, the forward only (its statistics; a gradient nobody applies is not computed). `proximal`:
-        pi_old interpolated here (rollout.proximal loglinear), `steps_taken` optimizer steps after pi_old."""
+        pi_old interpolated here (rollout.proximal loglinear), `steps_taken` optimizer steps after pi_old, each
+        past iteration counted as `steps_per_iteration`."""
         dp = self.ps.get_data_parallel_world_size()
         # a sequence the mismatch correction left out whole (trained_tokens 0) counts in no denominator
         n_seqs = sum(1 for i in chunk if seqs[i].trained_tokens > 0)
@@ -562,7 +563,7 @@ class MegatronWorker:
             if proximal is not None:  # old: the engines' log-probs, the behaviour policy's
                 behind = (proximal.trained_by - mb["versions"].to(logp.device)).clamp(min=0)
                 behaviour = old
-                old, w = loglinear_proximal(logp, behaviour, behind * proximal.steps_per_iteration, steps_taken,
+                old, w = loglinear_proximal(logp, behaviour, behind * steps_per_iteration, steps_taken,
                                             proximal.tis_cap)
                 is_weight = (w * mask).sum()
                 truncated = (((old - behaviour) > math.log(proximal.tis_cap)).float() * mask).sum()
