@@ -57,7 +57,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import Report, bench_arguments, ratio_of, repeats_for  # noqa: E402
-from bench_e2e import LARGE_UPDATES, Timeline, large_job, run_trl_process  # noqa: E402
+from bench_e2e import LARGE_UPDATES, large_job, run_trl_process, tide_timeline  # noqa: E402
 from measure_overlap_bound import bound, measure  # noqa: E402  (its phase table; its bound assumes lockstep's speeds)
 
 from orchestrator.inspect import iteration_ends  # noqa: E402
@@ -102,6 +102,17 @@ GAIN_WINDOW = 10  # iterations averaged at each end of a run for its reward gain
 CORES = len(os.sched_getaffinity(0))
 
 
+def cores_by_role(samples: dict, ends: dict[int, float], last: int) -> dict[str, float]:
+    """Cores each role kept busy over iterations 2..`last` (from the end of iteration 1 to the end of `last`),
+    from `measure`'s CPU seconds per (iteration, phase) and role."""
+    cpu: dict[str, float] = {}
+    for key, roles in samples["cpu"].items():
+        if 2 <= int(key.split("/")[0]) <= last:
+            for role, seconds in roles.items():
+                cpu[role] = cpu.get(role, 0.0) + seconds
+    return {role: seconds / (ends[last] - ends[1]) for role, seconds in sorted(cpu.items())}
+
+
 def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> dict:
     config, job_overrides = JOBS[job][:2]
     overrides = [*job_overrides, *VARIANTS[variant], f"iterations={iterations}", f"seed={seed}",
@@ -113,17 +124,12 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
     steady = range(2, iterations)
     steady_s = ends[iterations - 1] - ends[1]
     trained = sum(m["samples"] for m in metrics if m["iteration"] in steady)
-    cpu: dict[str, float] = {}
-    for key, roles in samples["cpu"].items():
-        if int(key.split("/")[0]) in steady:
-            for role, s in roles.items():
-                cpu[role] = cpu.get(role, 0.0) + s
     rewards = [m["reward_mean"] for m in metrics]
     window = min(GAIN_WINDOW, len(rewards) // 2)
     tokens = sum(m["completion_len"] * m["samples"] for m in metrics if m["iteration"] in steady)
     out = {"samples_per_s": trained / steady_s, "tokens_per_s": tokens / steady_s,
            "seconds_per_iteration": steady_s / len(steady),
-           "cores": {role: s / steady_s for role, s in sorted(cpu.items())},
+           "cores": cores_by_role(samples, ends, iterations - 1),
            "reward_gain": statistics.fmean(rewards[-window:]) - statistics.fmean(rewards[:window]),
            # over every sample the run trained (with partial rollouts the batches differ in size)
            "completion_len": sum(m["completion_len"] * m["samples"] for m in metrics) / sum(m["samples"]
@@ -156,20 +162,11 @@ def against_trl(seed: int, iterations: int, variants: tuple[str, ...], work: Pat
         path, run_dir = work / f"{cfg['name']}.yaml", work / cfg["name"]
         path.write_text(yaml.safe_dump(cfg))
         samples = measure(path, VARIANTS[variant], CPU_INTERVAL, run_dir)
-        timings, metrics = read_jsonl(run_dir / "timings.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
-        scored = {t["iteration"]: t["start"] + t["seconds"] for t in timings if t["phase"] == "reward"}
-        its = sorted(scored)
-        run = Timeline(math.nan, math.nan, [], [scored[it] for it in its],
-                       optimizer_steps=[m["optimizer_steps"] for m in metrics])
-        steady_s = iteration_ends(timings)[iterations] - iteration_ends(timings)[1]
-        cpu: dict[str, float] = {}
-        for key, roles in samples["cpu"].items():
-            if int(key.split("/")[0]) > 1:
-                for role, sec in roles.items():
-                    cpu[role] = cpu.get(role, 0.0) + sec
+        run = tide_timeline(run_dir, 0.0, math.nan)  # its iteration times are differences: any origin does
+        ends = iteration_ends(read_jsonl(run_dir / "timings.jsonl"))
         out["tide"][variant] = {
             "iteration_s": run.equal_work_iteration_s(LARGE_UPDATES), "optimizer_steps": run.optimizer_steps,
-            "cores": {role: sec / steady_s for role, sec in sorted(cpu.items())},
+            "cores": cores_by_role(samples, ends, iterations),
             "phases": bound(samples, CORES)["phases"] if variant == "lockstep" else None}
         print(f"  {TRL_JOB} {variant:<24}seed {seed}: {run.iteration_s():.2f} s/iteration, optimizer steps "
               f"{run.optimizer_steps}, cores " + " ".join(f"{r} {c:.2f}" for r, c in out["tide"][variant]

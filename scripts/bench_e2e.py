@@ -42,10 +42,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, Report, bench_arguments, ratio_of  # noqa: E402
 from bench_sample_efficiency import (  # noqa: E402
     WINDOW, iterations_to_target, job_config, run_metrics, run_trl, tide_run)
+from measure_overlap_bound import tree_cpu  # noqa: E402
 
 TARGETS = (0.4, 0.5)
 # optimizer steps per iteration on both sides (tide's updates_per_iteration, TRL's steps_per_generation)
@@ -104,7 +107,11 @@ def large_job(seed: int, iterations: int) -> dict:
 def run_tide(cfg: dict, work: Path) -> Timeline:
     spawned = time.time()
     run_dir = tide_run(cfg, work)
-    process_s = time.time() - spawned
+    return tide_timeline(run_dir, spawned, time.time() - spawned)
+
+
+def tide_timeline(run_dir: Path, spawned: float, process_s: float) -> Timeline:
+    """A finished `tide run`'s Timeline from its run directory (`spawned`: when its process was started)."""
     metrics = run_metrics(run_dir)
     phases = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
     scored = {p["iteration"]: p["start"] + p["seconds"] for p in phases if p["phase"] == "reward"}
@@ -140,22 +147,9 @@ def run_trl_process(cfg: dict, work: Path, cpu_interval: float | None = None) ->
 def tree_cpu_samples(proc: subprocess.Popen, interval: float, since: float) -> list[tuple[float, float]]:
     """Until `proc` exits: (seconds since `since`, CPU seconds of its process tree so far) every `interval`
     seconds (a child's CPU counted while it lives: the sum can drop when one ends)."""
-    import psutil
-
     root, samples = psutil.Process(proc.pid), []
     while proc.poll() is None:
-        total = 0.0
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            break
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        samples.append((time.time() - since, total))
+        samples.append((time.time() - since, sum(seconds for _, seconds in tree_cpu(root, set(), set()).values())))
         time.sleep(interval)
     return samples
 

@@ -36,7 +36,7 @@ from orchestrator.rundir import read_jsonl  # noqa: E402
 ROLLOUT = "rollout"
 
 
-def _tree_cpu(root: psutil.Process, engines: set[int], trainers: set[int]) -> dict[int, tuple[str, float]]:
+def tree_cpu(root: psutil.Process, engines: set[int], trainers: set[int]) -> dict[int, tuple[str, float]]:
     """Per live process under `root`: its role and CPU seconds (user + system)."""
     out: dict[int, tuple[str, float]] = {}
     try:
@@ -70,7 +70,7 @@ def measure(config: Path, overrides: list[str], interval: float, run_dir: Path) 
     try:
         while proc.poll() is None:
             status = _status(run_dir)
-            now = _tree_cpu(root, set(status.get("engine_pids") or []), set(status.get("trainer_pids") or []))
+            now = tree_cpu(root, set(status.get("engine_pids") or []), set(status.get("trainer_pids") or []))
             key = (status.get("iteration", 0), status.get("phase", "startup"))
             for pid, (role, seconds) in now.items():
                 cpu[key][role] += max(0.0, seconds - last.get(pid, (role, 0.0))[1])

@@ -72,3 +72,16 @@ def test_against_trl_counts_equal_work_and_cores_by_hand(monkeypatch):
     sampled = Timeline(0.0, 0.0, [], [], cpu=[(0.0, 0.0), (1.0, 0.5), (2.0, 2.5), (3.0, 4.5), (4.0, 4.6)])
     assert sampled.cores_between(0.5, 3.0) == pytest.approx(2.0)  # (4.5 - 0.5) / (3 - 1)
     assert math.isnan(sampled.cores_between(3.5, 3.9))
+
+
+def test_cores_by_role_by_hand(monkeypatch):
+    """Cores per role over iterations 2..last: their CPU seconds (start-up and iteration 1 left out) over the
+    seconds from the end of iteration 1 to the end of `last`."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from bench_async import cores_by_role
+
+    samples = {"cpu": {"0/startup": {"engine": 9.0}, "1/rollout": {"engine": 5.0}, "2/rollout": {"engine": 1.0},
+                       "2/train": {"trainer": 2.0, "other": 0.5}, "3/train": {"trainer": 3.0}}}
+    ends = {1: 10.0, 2: 12.0, 3: 15.0}
+    assert cores_by_role(samples, ends, 3) == {"engine": 0.2, "other": 0.1, "trainer": 1.0}
+    assert cores_by_role(samples, ends, 2) == {"engine": 0.5, "other": 0.25, "trainer": 1.0}
