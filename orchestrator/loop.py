@@ -62,6 +62,22 @@ def gap_metrics(drawn: Drawn, gap: float) -> dict[str, float]:
     return {"logprob_gap": drawn.logprob_gap, "stale_logprob_gap": gap}
 
 
+def checkpoint_due(cfg, iteration: int) -> bool:
+    return iteration % cfg.save_every == 0 or iteration == cfg.iterations
+
+
+def check_behaviour(s: Session, run, drawn: Drawn, iteration: int, bound: float, origin: str) -> None:
+    """A batch drawn ahead, against the policy that sampled it: the trainer's snapshot of that policy (taken in
+    the train step that came after it was started) scores a share of it (logprob_check.behaviour_gap). Done at
+    the start of the iteration that trains it, while the engines draw the next batch, so that the engines do not
+    wait for it; or, where a checkpoint is saved before then, before the checkpoint (the snapshot is not in it),
+    so that a resumed run finds the batch checked."""
+    with run.phase(iteration, "ahead_check"):
+        drawn.logprob_gap = behaviour_gap(s.trainer, drawn.sampled(), s.sampling, s.cfg.trainer.updates_per_iteration)
+    check_logprob_gap(drawn.iteration, drawn.logprob_gap, bound, "the batch drawn ahead, against the policy that "
+                      "sampled it", origin)
+
+
 def sampling_seed(seed: int, iteration: int) -> int:
     return (seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
 
@@ -126,6 +142,8 @@ def run_iterations(s: Session) -> None:
             if drawn.staleness():  # its sampling, timed while the last iteration trained
                 run.record_phase(PhaseRecord(it, "rollout_ahead", drawn.started, drawn.seconds, parts=rolled.parts))
             scheduler.ahead(it)  # max_staleness 1: the next batch is sampled while this one trains
+            if drawn.staleness() and drawn.logprob_gap is None:  # checked while the engines draw the next one
+                check_behaviour(s, run, drawn, it, gap_bound, bound_origin)
             with run.phase(it, "reward"):
                 steps = t.updates_per_iteration * t.epochs  # what TRL's trainer_state counts: optimizer steps
                 scored = episode_rewards(samples) if s.agent and s.agent.scores_itself else reward_phase(
@@ -152,7 +170,7 @@ def run_iterations(s: Session) -> None:
                 train = s.trainer.train_step(batch, lr=lr, updates=t.updates_per_iteration, shuffle_seed=shuffle,
                                              epochs=t.epochs)
             # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included; a
-            # stale batch's spans an update (its sampler, checked when it was drained, is drawn.logprob_gap)
+            # stale batch's spans an update (its sampler, checked before, is drawn.logprob_gap)
             gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
             if drawn.staleness() == 0:
                 check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if batch.old_recomputed
@@ -164,12 +182,8 @@ def run_iterations(s: Session) -> None:
             if scheduler.max_staleness:
                 with run.phase(it, "drain"):  # the batch drawn ahead finishes on the weights it started on
                     ahead = scheduler.drain()
-                if ahead is not None:  # checked against the policy that sampled it, before the engines move on
-                    with run.phase(it, "ahead_check"):
-                        ahead.logprob_gap = behaviour_gap(s.trainer, ahead.sampled(), s.sampling,
-                                                          t.updates_per_iteration)
-                    check_logprob_gap(it + 1, ahead.logprob_gap, gap_bound, "the batch drawn ahead, against the "
-                                      "policy that sampled it", bound_origin)
+                if ahead is not None and checkpoint_due(cfg, it):  # the snapshot it is checked on is not saved
+                    check_behaviour(s, run, ahead, it, gap_bound, bound_origin)
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
                 delivery, rec["parts"] = s.sync(manifest)
@@ -201,7 +215,7 @@ def run_iterations(s: Session) -> None:
                         f"loss {train['loss']:+.4f}  gap {gaps['logprob_gap']:.2e}")
             for name, probe_gap in probe.items():
                 check_logprob_gap(it, probe_gap, gap_bound, PROBE_BATCHES[name], bound_origin)
-            if it % cfg.save_every == 0 or it == cfg.iterations:
+            if checkpoint_due(cfg, it):
                 with run.phase(it, "checkpoint"):
                     progress.update(bar, description=f"{cfg.name} · checkpoint")
                     save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints, also=scheduler.save_ahead)

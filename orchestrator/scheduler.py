@@ -48,7 +48,7 @@ class Drawn:
     started: float  # time.time()
     seconds: float
     # a batch drawn ahead: mean |engine - trainer| log-prob of its sampled tokens, the trainer on a snapshot of
-    # the policy that sampled it, checked when it was drained (logprob_check.behaviour_gap)
+    # the policy that sampled it, checked before it is trained (loop.check_behaviour)
     logprob_gap: float | None = None
     # partial rollouts: the groups whose generations had not all ended (partial_rollouts.OpenGroup), continued
     # when the next batch is drawn

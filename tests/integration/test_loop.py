@@ -227,7 +227,17 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     timings = read_jsonl(tmp_path / "whole" / "timings.jsonl")
     ahead = [t for t in timings if t["phase"] == "rollout_ahead"]
     assert [t["iteration"] for t in ahead] == [2, 3, 4] and all(t["seconds"] > 0 for t in ahead)
-    assert [t["iteration"] for t in timings if t["phase"] == "ahead_check"] == [1, 2, 3]
+    # batch 2 checked at the start of iteration 2, while batch 3 is drawn and before iteration 2 trains; batch 3
+    # before iteration 2's checkpoint (the snapshot it is checked on is not saved); batch 4 as batch 2
+    checks = [t for t in timings if t["phase"] == "ahead_check"]
+    assert [t["iteration"] for t in checks] == [2, 2, 4]
+    start = {(t["iteration"], t["phase"]): t["start"] for t in timings}
+    for check, it in ((checks[0], 2), (checks[2], 4)):
+        assert start[(it, "train")] > check["start"], check
+        if it < 4:  # while the next batch was being drawn
+            ahead_rec = next(t for t in ahead if t["iteration"] == it + 1)
+            assert check["start"] < ahead_rec["start"] + ahead_rec["seconds"], (check, ahead_rec)
+    assert start[(2, "checkpoint")] > checks[1]["start"] > start[(2, "train")]
 
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
