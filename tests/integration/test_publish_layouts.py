@@ -194,13 +194,19 @@ def test_a_checkpoint_taken_before_the_first_optimizer_step_resumes_exactly(ray_
                                                                              tmp_path):
     """No optimizer step yet (right after the warm start's reset; a GRPO run whose groups all had equal rewards):
     Adam holds no moments, Megatron saves none and loading would demand them. The resumed trainer keeps a fresh
-    optimizer, as the saved one was, and its next steps equal the uninterrupted trainer's."""
+    optimizer, as the saved one was, and its next steps equal the uninterrupted trainer's. No
+    rank has started a process to save (Megatron's own first save spawns a Manager server for its results)."""
+    import psutil
+
     from orchestrator.trainer_group import TrainerGroup
 
     batch = _sft_batch(tiny_dense_dir)
     group = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=8), pool=rank_pool)
     try:
         group.save_checkpoint(str(tmp_path))
+        spawned = [c.cmdline() for pid in group.pids() for c in psutil.Process(pid).children(recursive=True)
+                   if "multiprocessing" in " ".join(c.cmdline())]
+        assert spawned == []
         assert json.loads((tmp_path / "layout.json").read_text())["optimizer_state"] is False
         losses = [group.train_step(batch, mode="sft", lr=1e-2)["loss"] for _ in range(2)]
         digests = group.parameter_digests()
