@@ -152,7 +152,7 @@ class RolloutGroup:
             except Exception:  # already dead
                 pass
             try:
-                ray.get(e.shutdown.remote(), timeout=120)
+                ray.get(e.shutdown.remote(process_ends=True), timeout=120)
             except Exception:  # already dead: nothing of ours left inside it
                 pass
             ray.kill(e)

@@ -408,13 +408,15 @@ class RolloutEngine:
             "unfinished_requests": llm.llm_engine.get_num_unfinished_requests() if llm is not None else 0,
         }
 
-    def shutdown(self) -> None:
-        """Stop the engine process and remove what it left in shared memory. Idempotent."""
+    def shutdown(self, process_ends: bool = False) -> None:
+        """Stop the engine process and remove what it left in shared memory. Idempotent. `process_ends`: the
+        caller ends this process next (RolloutGroup ends the actor), so an inline engine with no process of its
+        own skips vLLM's in-process teardown, whose garbage collections over the whole heap took 2-3 s here."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._teardown()
+            self._teardown(process_ends)
             self._engine_executor.shutdown(wait=False)
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
@@ -527,7 +529,7 @@ class RolloutEngine:
         return not llm.llm_engine.engine_core.resources.engine_dead and self._engine_proc().is_alive()
 
     @_on_engine_thread
-    def _teardown(self) -> None:
+    def _teardown(self, process_ends: bool = False) -> None:
         llm, self._llm = self._llm, None
         if llm is None:
             return
@@ -536,6 +538,12 @@ class RolloutEngine:
         pids = {q for p in self._pids for q in process_tree(p)}
         self._segments |= engine_segments(list(pids))
         tracked = set(self._pids) | pids
+        if process_ends and self._inline and not tracked:
+            # the model, its KV cache and its (single-process) distributed groups all live in this process,
+            # which ends next: nothing outside it to stop
+            remove_segments(self._segments, self._private_tmp)
+            self._segments, self._private_tmp, self._watch = set(), None, None
+            return
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception as e:  # a dead engine may fail half-way through its own shutdown
