@@ -129,6 +129,6 @@ def rollout_engine(ray_cluster, tiny_model_dir):
         yield actor
     finally:
         try:
-            ray.get(actor.shutdown.remote(), timeout=120)
+            ray.get(actor.shutdown.remote(process_ends=True), timeout=120)
         finally:
             ray.kill(actor)

@@ -89,7 +89,7 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_d
             problems = AdditionTask(1).problems(seed=0, iteration=0, n=4)
             samples = ray.get(engine.generate.remote(problems, 2, 6, 1.0, 0), timeout=900).items
         finally:
-            ray.get(engine.shutdown.remote(), timeout=120)
+            ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
             ray.kill(engine)
         batch = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids) for s in samples], TokenDistribution())
         trainer = group.logprobs(batch)

@@ -135,7 +135,7 @@ def _vllm_serves_the_published_model(whole: Path, hf) -> None:
         samples = ray.get(engine.generate.remote(AdditionTask(1).problems(seed=0, iteration=0, n=4), 2, 6, 1.0, 0),
                           timeout=900).items
     finally:
-        ray.get(engine.shutdown.remote(), timeout=120)
+        ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
         ray.kill(engine)
     gaps = []
     for s in samples:

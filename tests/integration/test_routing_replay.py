@@ -40,7 +40,7 @@ def rollout(ray_cluster, moe_dir):
         problems = AdditionTask(1).problems(0, 1, 16)
         return ray.get(engine.generate.remote(problems, 4, 4, 1.0, 0), timeout=600)
     finally:
-        ray.get(engine.shutdown.remote(), timeout=120)
+        ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
         ray.kill(engine)
 
 
