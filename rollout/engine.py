@@ -538,19 +538,18 @@ class RolloutEngine:
         pids = {q for p in self._pids for q in process_tree(p)}
         self._segments |= engine_segments(list(pids))
         tracked = set(self._pids) | pids
-        if process_ends and self._inline and not tracked:
-            # the model, its KV cache and its (single-process) distributed groups all live in this process,
-            # which ends next: nothing outside it to stop
-            remove_segments(self._segments, self._private_tmp)
-            self._segments, self._private_tmp, self._watch = set(), None, None
-            return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception as e:  # a dead engine may fail half-way through its own shutdown
-            log.warning("engine shutdown raised %s: %s", type(e).__name__, e)
+        # An inline engine with no process of its own whose process ends next (shutdown's process_ends): its
+        # model, KV cache and single-process distributed groups go with the process; vLLM's teardown of them
+        # (collections over the whole heap) is skipped
+        ends_with_process = process_ends and self._inline and not tracked
+        if not ends_with_process:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # a dead engine may fail half-way through its own shutdown
+                log.warning("engine shutdown raised %s: %s", type(e).__name__, e)
         del llm
         gc.unfreeze()  # the engine's start-up heap, frozen in _start, can go now
-        if self._inline:
+        if self._inline and not ends_with_process:
             # vLLM's own teardown of an engine in this process (distributed groups, then a collection), so
             # that a restart can set up a new one here
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
