@@ -96,11 +96,17 @@ def _running_copies(cmdline: bytes) -> set[int]:
 
 def _settle(before: set[int], cmdline: bytes, within_s: float = 2.0) -> None:
     """Wait until the copies the last cell forked have come out of it and been reaped, so that their pids are
-    free for the next cell; a copy the cell left running on purpose (a background worker) is waited for up to
-    `within_s` once, never again."""
+    free for the next cell. The wait goes on while copies keep leaving (a fork loop's 30 copies, on a loaded
+    machine, took longer than 2 s to leave in all, and the next cell's forks met the pids limit); a copy the cell
+    left running on purpose (a background worker) is waited for `within_s` after the last one left, once."""
     deadline = time.monotonic() + within_s
-    while _running_copies(cmdline) - before and time.monotonic() < deadline:
+    left = _running_copies(cmdline) - before
+    while left and time.monotonic() < deadline:
         time.sleep(0.002)
+        now = _running_copies(cmdline) - before
+        if len(now) < len(left):
+            deadline = time.monotonic() + within_s
+        left = now
     _reap_copies()
 
 
