@@ -34,7 +34,9 @@ def test_state_across_cells_and_outputs(client):
 def test_processes_a_cell_forks_never_answer_the_next_cells(client):
     """A cell's forked children that come back out of the cell (a fork loop stopped by the pids limit, a bare
     os.fork()) must not become drivers of their own reading the session's next requests."""
-    sid = client.open_session(limits={"pids": 32})
+    # 30 s for a cell, not the default 10: in one full run on the loaded 2-core machine the fork loop had not met the
+    # pids limit after 10 s and the cell ended in a timeout (the test's subject is what comes after it)
+    sid = client.open_session(limits={"pids": 32, "timeout_s": 30})
     try:
         bomb = client.run_in_session(sid, "import os\nwhile True:\n    os.fork()")
         assert bomb.status == "error" and bomb.error[0]["ename"] == "BlockingIOError", bomb
