@@ -96,17 +96,17 @@ def _running_copies(cmdline: bytes) -> set[int]:
 
 def _settle(before: set[int], cmdline: bytes, within_s: float = 2.0) -> None:
     """Wait until the copies the last cell forked have come out of it and been reaped, so that their pids are
-    free for the next cell. The wait goes on while copies keep leaving (a fork loop's 30 copies, on a loaded
-    machine, took longer than 2 s to leave in all, and the next cell's forks met the pids limit); a copy the cell
-    left running on purpose (a background worker) is waited for `within_s` after the last one left, once."""
+    free for the next cell. The wait goes on while copies keep leaving (on a loaded machine, the cell after a
+    fork loop met the pids limit when the wait was 2 s in all); a copy the cell left running on purpose (a
+    background worker) is waited for `within_s` after the last one left, once."""
     deadline = time.monotonic() + within_s
-    left = _running_copies(cmdline) - before
-    while left and time.monotonic() < deadline:
+    remaining = _running_copies(cmdline) - before
+    while remaining and time.monotonic() < deadline:
         time.sleep(0.002)
         now = _running_copies(cmdline) - before
-        if len(now) < len(left):
+        if len(now) < len(remaining):
             deadline = time.monotonic() + within_s
-        left = now
+        remaining = now
     _reap_copies()
 
 
