@@ -14,6 +14,9 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
      the step (rollout.proximal loglinear): one mini-batch, so the two losses must agree (`rl_proximal`);
    - `logits` against transformers loading the bf16 checkpoint that `publish` wrote (through `Manifest` and
      `materialize_whole`), on the same device in bf16 (`logits_bf16`: a bf16 bound, per position);
+   - `save_checkpoint`, then two more bf16 steps on the rank and on a new rank that loaded the checkpoint: the
+     losses and the published tensors must be bit-identical (`resume_exact`: what `tide resume` promises in
+     deterministic mode; ops that warn of no deterministic kernel are named);
    - a second rank in float32 loads that published checkpoint (HF -> Megatron) and publishes it again
      (Megatron -> HF): the tensors must come back bit for bit (`roundtrip`), and its logits must match
      transformers' in float32 (`logits_fp32`: the exact check of the conversion; TF32 off).
@@ -25,7 +28,8 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
 Writes DIR/gpu_check.json (default DIR: bench_results/) with every figure and check, prints a line per step,
 and exits 1 when any check fails (the failed checks are named on the last line), 0 otherwise. `--quick` uses
 the smallest sizes (the CPU test); `--fault swap-rows` swaps two rows of one converted tensor in the
-transformers model (a deliberate conversion error: the logits checks must fail).
+transformers model (a deliberate conversion error: the logits checks must fail); `--fault skip-load` has the resumed
+rank not load the checkpoint (resume_exact must fail).
 
 On the GPU machine (torch, transformers, jax there; megatron-core and a few pure-Python packages travel as
 wheels): `bash scripts/gpu_check.sh` (see that file).
@@ -45,6 +49,7 @@ import tempfile
 import time
 import traceback
 import typing
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,12 +185,12 @@ def _publish(worker, out_dir: Path, iteration: int) -> Path:
     return materialize_whole(Manifest.load(staging), out_dir / f"whole-{iteration}")
 
 
-def _hf_logits(hf_dir: Path, dtype, device: str, tokens, fault: str | None):
+def _hf_logits(hf_dir: Path, dtype, device: str, tokens, faults: list[str]):
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device).eval()
-    if fault == "swap-rows":  # a deliberate conversion error: two rows of layer 0's first matrix swapped
+    if "swap-rows" in faults:  # a deliberate conversion error: two rows of layer 0's first matrix swapped
         name, p = next((n, p) for n, p in model.named_parameters() if ".layers.0." in n and p.ndim == 2)
         with torch.no_grad():
             p[[0, 1]] = p[[1, 0]]
@@ -232,6 +237,12 @@ def rl_proximal_step(worker, batch) -> dict:
     b = worker.train_step(loglinear, mode="rl", lr=0.0)
     return {"loss_recompute": a["loss"], "loss_loglinear": b["loss"], "grad_norm_recompute": a["grad_norm"],
             "grad_norm_loglinear": b["grad_norm"], "is_weight_mean_loglinear": b["is_weight_mean"]}
+
+
+def resume_steps(worker, batch, lr: float, steps: int = 2) -> list[float]:
+    """`steps` SFT steps on `batch` (after a checkpoint: the run's next steps, which a resumed rank must repeat
+    bit for bit in deterministic mode)."""
+    return [worker.train_step(batch, mode="sft", lr=lr)["loss"] for _ in range(steps)]
 
 
 def adam_reach(lr: float, steps: int) -> float:
@@ -314,8 +325,36 @@ def check_family(fam: str, args, work: Path, checks: Checks) -> dict:
                    f"{rl['grad_norm_loglinear']:.5g} vs {rl['grad_norm_recompute']:.5g}")
         bf16_logits = worker.logits(tokens)
         bf16_dir = _publish(worker, work / fam, 1)
+
+        # -- bf16: checkpoint, then the same steps here and on a rank that loads it ---------------------
+        ckpt = work / fam / "checkpoint"
+        worker.save_checkpoint(str(ckpt))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            continued = resume_steps(worker, batch, args.lr)
+            continued_dir = _publish(worker, work / fam, 3)
+            _close(worker)
+            worker = None
+            worker = _worker(model_dir, args.device, args.backend, "bfloat16", micro_batch=n_seqs)
+            if "skip-load" in args.fault:
+                log(f"fault: {fam}'s resumed rank does not load the checkpoint")
+            else:
+                worker.load_checkpoint(str(ckpt))
+            resumed = resume_steps(worker, batch, args.lr)
+            resumed_dir = _publish(worker, work / fam, 4)
         _close(worker)
         worker = None
+        c, r = _tensors(continued_dir), _tensors(resumed_dir)
+        worst = max(((c[k].float() - r[k].float()).abs().max().item() for k in c if k in r), default=math.inf)
+        nondeterministic = sorted({str(w.message).splitlines()[0][:200] for w in seen
+                                   if "deterministic" in str(w.message)})
+        rec["resume"] = {"steps": len(continued), "losses_continued": continued, "losses_resumed": resumed,
+                         "tensors": len(c), "max_abs_diff": worst, "nondeterministic_op_warnings": nondeterministic,
+                         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+        checks.add(f"{fam}/resume_exact", continued == resumed and sorted(c) == sorted(r) and worst == 0.0, worst,
+                   0.0, f"{len(continued)} bf16 steps after save_checkpoint, on the rank and on one that loaded it: "
+                   f"losses {continued} vs {resumed}"
+                   + (f"; ops without a deterministic kernel: {nondeterministic}" if nondeterministic else ""))
 
         # every published weight within Adam's reach of the model the rank loaded (plus bf16 rounding twice)
         before, after = _tensors(model_dir), _tensors(bf16_dir)
@@ -490,8 +529,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
     ap.add_argument("--lr", type=float, default=5e-3, help="learning rate of the train steps")
     ap.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
-    ap.add_argument("--fault", choices=("swap-rows",), default=None,
-                    help="inject a conversion error into the transformers side (the logits checks must fail)")
+    ap.add_argument("--fault", choices=("swap-rows", "skip-load"), action="append", default=[],
+                    help="swap-rows: a conversion error on the transformers side (the logits checks must fail); "
+                         "skip-load: the resumed rank does not load the checkpoint (resume_exact must fail); "
+                         "repeatable")
     args = ap.parse_args(argv)
     args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     args.steps = args.steps or (3 if args.quick else 6)
@@ -507,8 +548,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
-    else:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (TrainerSpec.deterministic)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

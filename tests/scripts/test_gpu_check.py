@@ -90,6 +90,8 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         # bf16 rounds more than fp32: the fp32 comparison is the tighter, exact check of the conversion
         assert logits["fp32_max_abs_diff"] < logits["bf16_p90_abs_diff"], fam
         assert rec["roundtrip"]["names_equal"] and rec["roundtrip"]["max_abs_diff"] == 0.0, fam
+        resume = rec["resume"]  # two steps after the checkpoint, then the same two on a rank that loaded it
+        assert resume["losses_continued"] == resume["losses_resumed"] and resume["max_abs_diff"] == 0.0, fam
 
     jax = report["jax"]
     assert jax["backend"] == "cpu"
@@ -97,20 +99,24 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         assert jax[algo]["env_steps_per_s"] > 0, algo
         assert jax[algo]["compile_s"] > 0, algo
     names = {c["name"] for c in report["checks"]}
-    for check in ("loss_decreases", "rl_proximal", "update_size", "logits_bf16", "roundtrip", "logits_fp32"):
+    for check in ("loss_decreases", "rl_proximal", "update_size", "logits_bf16", "roundtrip", "logits_fp32",
+                  "resume_exact"):
         assert {f"{f}/{check}" for f in _families()} <= names, check
     assert {"jax/ppo/env_steps_per_s", "jax/sac/env_steps_per_s"} <= names
 
 
 def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_path):
-    """Two rows of one converted matrix swapped on the transformers side: the exact (fp32) logits check fails,
-    the script exits 1 and names it; what the fault does not touch still passes."""
-    proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows")
+    """Two rows of one converted matrix swapped on the transformers side: the exact (fp32) logits check fails;
+    a resumed rank that never loaded the checkpoint: the resume check fails; the script exits 1 and names both;
+    what the faults do not touch still passes."""
+    proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load")
     assert proc.returncode == 1, proc.stdout[-4000:]
-    assert "qwen2/logits_fp32" in report["failed"]
+    assert {"qwen2/logits_fp32", "qwen2/resume_exact"} <= set(report["failed"])
     assert not report["ok"]
     last = proc.stdout.strip().splitlines()[-1]
-    assert "FAILED" in last and "qwen2/logits_fp32" in last
+    assert "FAILED" in last and "qwen2/logits_fp32" in last and "qwen2/resume_exact" in last
+    resume = report["families"]["qwen2"]["resume"]
+    assert resume["losses_continued"] != resume["losses_resumed"] and resume["max_abs_diff"] > 0
     passed = {c["name"] for c in report["checks"] if c["ok"]}
     assert {"qwen2/loss_decreases", "qwen2/update_size", "qwen2/roundtrip"} <= passed
     assert report["families"]["qwen2"]["logits"]["fp32_max_abs_diff"] > report["bounds"]["fp32_logits_abs"]

@@ -79,6 +79,10 @@ class MegatronWorker:
         # set either way: a process may hold another worker before this one (RankPool)
         torch.use_deterministic_algorithms(spec.deterministic, warn_only=True)
         if t.device == "cuda":
+            if spec.deterministic:
+                # cuBLAS reduces in a nondeterministic order unless its workspace is fixed before its first handle
+                # (PyTorch's reproducibility notes; use_deterministic_algorithms only warns without it here)
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(t.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(minutes=10))
