@@ -110,8 +110,8 @@ CHECKER_DIR = ".tide_checker_build"  # under /work of a checker program's own bu
 _C_RUN_BINARY = "prog"  # what the compiled checker languages (c, cpp, go, rust) build
 
 
-def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str,
-                checker: bytes | None = None) -> dict[str, str | bytes]:
+def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str, checker: bytes | None = None,
+                wall_factor: float = 1.0) -> dict[str, str | bytes]:
     """The driver, its spec and (`checker`: a checker program, source or binary) the checker's file. Written only
     after the compile step: a compiler could embed any file it finds (Rust's include_str!, Go's embed)."""
     checker_cmd = None
@@ -120,7 +120,7 @@ def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str,
     spec = {"nonce": nonce, "cmd": command(lang, lang.run, {lang.source: ""}, limits.memory_mb),
             "checker_cmd": checker_cmd, "zygote_source": _ZYGOTE if lang.name == "python" else None,
             "cases": [c.model_dump() for c in req.cases], "checker": req.checker.model_dump(),
-            "timeout_s": limits.timeout_s, "output_bytes": limits.output_kb * 1024,
+            "timeout_s": limits.timeout_s, "wall_factor": wall_factor, "output_bytes": limits.output_kb * 1024,
             "memory_kb": limits.memory_mb * 1024, "echo_bytes": _ECHO_BYTES,
             "stop_on_first_failure": req.stop_on_first_failure,
             "checkers_source": _CHECKERS}
@@ -128,9 +128,10 @@ def judge_files(req: RunRequest, lang, limits: Resolved, nonce: str,
             **({".tide_checker": checker} if checker is not None else {})}
 
 
-def judge_limits(per_case: Resolved, n_cases: int) -> Resolved:
-    """The container's limits around n cases: their wall times and the driver's report, plus start-up slack."""
-    return Resolved(timeout_s=n_cases * (per_case.timeout_s + 0.25) + 5,
+def judge_limits(per_case: Resolved, n_cases: int, wall_factor: float = 1.0) -> Resolved:
+    """The container's limits around n cases: their longest wall times and the driver's report, plus start-up
+    slack."""
+    return Resolved(timeout_s=n_cases * (per_case.timeout_s * wall_factor + 0.25) + 5,
                     memory_mb=per_case.memory_mb + 64, pids=per_case.pids + 4, disk_mb=per_case.disk_mb,
                     output_kb=per_case.output_kb + n_cases * (_ECHO_BYTES * 6 + 8192) // 1024 + 64)
 
@@ -633,8 +634,9 @@ class SandboxRuntime:
             else:
                 compiled = {}
             if req.cases:
-                self._write_late_files(Path(rootfs, "work"), judge_files(req, lang, limits, nonce, checker))
-                args, run_limits = list(JUDGE_RUN), judge_limits(limits, len(req.cases))
+                factor = self.config.wall_time_factor
+                self._write_late_files(Path(rootfs, "work"), judge_files(req, lang, limits, nonce, checker, factor))
+                args, run_limits = list(JUDGE_RUN), judge_limits(limits, len(req.cases), factor)
             elif req.cells:
                 args, run_limits = list(JUPYTER_RUN), jupyter_limits(limits)
             else:

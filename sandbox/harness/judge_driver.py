@@ -1,7 +1,8 @@
 """Judge mode's driver: the container's init (pid 1), trusted, runs the compiled program once per case.
 
 Runs each case in a new session with its stdin from a memfd (no file the program could read), reads its
-stdout/stderr under the case's output limit and wall-time limit, takes exit status and peak memory from wait4,
+stdout/stderr under the case's output limit and time limit (CPU time, with a wall-time cap: CaseClock), takes
+exit status and peak memory from wait4,
 and checks the output with the requested checker (checkers.py, read before any case runs, or a checker program
 held in a memfd and run after the case, with every process the case left killed first). The program cannot
 reach this process: signals from inside the pid namespace to its init are ignored unless handled (SIGINT is set
@@ -63,11 +64,14 @@ class Exec:
                 os._exit(127)
         return pid
 
-    def reap(self, pid: int, deadline: float) -> tuple[int, int, float, bool]:
-        """(wait status, peak RSS KiB, CPU s, timed out): killed at the deadline if still running."""
+    def reap(self, pid: int, clock: "CaseClock") -> tuple[int, int, float, bool]:
+        """(wait status, peak RSS KiB, CPU s, timed out): killed when its time is up if still running."""
         pidfd = os.pidfd_open(pid)
         try:
-            ready = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]
+            while True:
+                ready = select.select([pidfd], [], [], max(0.0, clock.deadline - time.monotonic()))[0]
+                if ready or clock.expired():
+                    break
         finally:
             os.close(pidfd)
         if not ready:
@@ -111,10 +115,14 @@ class Zygote:
         frame = self._read(8, time.monotonic() + 5)
         return struct.unpack("!q", frame)[0] if frame else None
 
-    def reap(self, pid: int, deadline: float) -> tuple[int | None, int, float, bool]:
+    def reap(self, pid: int, clock: "CaseClock") -> tuple[int | None, int, float, bool]:
         """As Exec.reap; the wait status None where the case's end is not known."""
-        frame = self._read(32, deadline)
-        timed_out = frame is None and time.monotonic() >= deadline
+        while True:
+            frame = self._read(32, clock.deadline)
+            # a frame; or none before the deadline: the fork server is gone
+            if frame is not None or time.monotonic() < clock.deadline or clock.expired():
+                break
+        timed_out = frame is None and time.monotonic() >= clock.deadline
         if frame is None:
             _kill_group(pid)
             frame = self._read(32, time.monotonic() + 1)
@@ -147,10 +155,56 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _group_cpu_s(pgid: int) -> float | None:
+    """CPU seconds of process group `pgid` so far (its members' own, and of the children they reaped); None
+    when no process of the group is left."""
+    ticks, found = 0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()  # state ppid pgrp session ... utime stime cutime cstime
+        if int(fields[2]) == pgid:
+            found = True
+            ticks += sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class CaseClock:
+    """A case's time limit is CPU time, as judges count it: a program that waits for a core on a busy machine is not
+    out of time. At each deadline a case that has spent less CPU than its limit gets the rest (at least 10 ms
+    more), up to a wall-time cap of `wall_factor` x the limit, which stops a program that sleeps or blocks.
+    What a case spends is its process group's (the group the launcher made it lead); a process that leaves the
+    group goes uncounted, and the cap still ends the case."""
+
+    def __init__(self, pgid: int, start: float, cpu_limit_s: float, wall_factor: float):
+        self.pgid, self.cpu_limit_s = pgid, cpu_limit_s
+        self.deadline = start + cpu_limit_s
+        self.cap = start + cpu_limit_s * max(1.0, wall_factor)
+
+    def expired(self) -> bool:
+        """Called at or after the deadline: True when the case's time is up, else the deadline moves on."""
+        now = time.monotonic()
+        if now < self.deadline:
+            return False
+        if now >= self.cap:
+            return True
+        spent = _group_cpu_s(self.pgid)
+        if spent is None or spent >= self.cpu_limit_s:
+            return True
+        self.deadline = min(self.cap, now + max(self.cpu_limit_s - spent, 0.01))
+        return False
+
+
 def _run_case(launcher, stdin: str, timeout_s: float, output_bytes: int, memory_kb: int,
-              extra_fds: dict[int, int] | None = None) -> dict:
+              extra_fds: dict[int, int] | None = None, wall_factor: float = 1.0) -> dict:
     """One program to its end: stdin from a memfd, stdout/stderr through pipes, `extra_fds` (target -> source)
-    passed on; every other descriptor closed. None when the launcher could not start it."""
+    passed on; every other descriptor closed; `timeout_s` of CPU time within `wall_factor` x as much wall time
+    (CaseClock). None when the launcher could not start it."""
     memfd = _memfd("stdin", stdin.encode())
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -167,10 +221,12 @@ def _run_case(launcher, stdin: str, timeout_s: float, output_bytes: int, memory_
     for fd in buffers:
         sel.register(fd, selectors.EVENT_READ)
     timed_out = over = False
-    deadline = start + timeout_s
+    clock = CaseClock(pid, start, timeout_s, wall_factor)
     while sel.get_map():
-        left = deadline - time.monotonic()
+        left = clock.deadline - time.monotonic()
         if left <= 0:
+            if not clock.expired():
+                continue
             timed_out = True
             break
         for key, _ in sel.select(left):
@@ -185,8 +241,8 @@ def _run_case(launcher, stdin: str, timeout_s: float, output_bytes: int, memory_
             break
     if timed_out or over:
         _kill_group(pid)
-    status, peak_kb, cpu_s, late = launcher.reap(pid, deadline)
-    timed_out = timed_out or late  # output closed, but still running at the deadline
+    status, peak_kb, cpu_s, late = launcher.reap(pid, clock)
+    timed_out = timed_out or late  # output closed, but still running when its time was up
     wall = time.monotonic() - start
     _kill_group(pid)  # stragglers the case left in its session
     for fd in buffers:
@@ -226,7 +282,8 @@ def _check_with_program(spec: dict, checker_fd: int, case: dict, output: str) ->
     cmd = [a.replace("{checker}", "/proc/self/fd/6") for a in spec["checker_cmd"]]
     cmd += ["/proc/self/fd/3", "/proc/self/fd/4", "/proc/self/fd/5"]
     try:
-        r = _run_case(Exec(cmd), "", spec["timeout_s"], 65536, spec["memory_kb"], {**fds, 6: checker_fd})
+        r = _run_case(Exec(cmd), "", spec["timeout_s"], 65536, spec["memory_kb"], {**fds, 6: checker_fd},
+                      spec["wall_factor"])
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -253,7 +310,7 @@ def main() -> None:
     zygote = Zygote(spec["zygote_source"]) if spec.get("zygote_source") and len(spec["cases"]) > 1 else None
     results, passed = [], 0
     for case in spec["cases"]:
-        args = (case["stdin"], spec["timeout_s"], spec["output_bytes"], spec["memory_kb"])
+        args = (case["stdin"], spec["timeout_s"], spec["output_bytes"], spec["memory_kb"], None, spec["wall_factor"])
         r = _run_case(zygote, *args) if zygote else None
         if r is None:
             if zygote:

@@ -52,6 +52,38 @@ def test_each_verdict(client):
     assert [c.verdict.value for c in stop.cases] == ["AC", "WA"] and stop.cases_total == 7
 
 
+def test_the_time_limit_is_cpu_time_with_a_wall_cap(client):
+    """A case kept off the CPU beyond its limit passes on the CPU it spent: it runs in the idle scheduling class on
+    one core where a process it started outside its process group (uncounted) spins for longer than the limit
+    (a busy machine, made to happen). A case that spends its limit in CPU is stopped (TLE), and one that sleeps is
+    stopped at the wall cap, wall_time_factor (3) x the limit."""
+    code = ("import os, time\n"
+            "n = int(input())\n"
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "if n == 0:\n"
+            "    if os.fork() == 0:\n"
+            "        os.setpgid(0, 0)\n"
+            "        end = time.monotonic() + 2.5\n"
+            "        while time.monotonic() < end: pass\n"
+            "        os._exit(0)\n"
+            "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.3: pass\n"
+            "elif n == 1:\n"
+            "    while True: pass\n"
+            "else:\n"
+            "    time.sleep(100)\n"
+            "print(n)")
+    cases = [{"stdin": f"{n}\n", "expected_stdout": f"{n}\n"} for n in range(3)]
+    r = client.run("python", code, cases=cases, limits={"timeout_s": 1.5})
+    starved, spinning, sleeping = r.cases
+    assert [c.verdict.value for c in r.cases] == ["AC", "TLE", "TLE"], r.cases
+    # kept off the CPU past its limit (a wall-clock limit would have stopped it), on ~0.3 s of CPU
+    assert starved.wall_ms > 1500 and starved.cpu_ms < 1000, starved
+    assert spinning.cpu_ms >= 0.9 * 1500, spinning
+    assert 3 * 1500 <= sleeping.wall_ms < 3 * 1500 + 2000 and sleeping.cpu_ms < 1000, sleeping
+
+
 def test_checkers(client):
     cases = [{"stdin": "", "expected_stdout": "0.3333333 1 ok\n"}]
     loose = "print('0.33333334   1\\nok')"
