@@ -218,6 +218,13 @@ class Slot:
                 pass
         self._base = self._raw_stats()
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the slot's processes spent since begin()."""
+        if self.v2:
+            used = _read_kv(self.dirs[""] / "cpu.stat").get("usage_usec", 0) * 1000
+            return (used - (self._base.cpu_ns if self._base else 0)) / 1e9
+        return int(self._get(self.dirs["cpuacct"] / "cpuacct.usage")) / 1e9
+
     def end(self) -> SlotStats:
         """Counters of the run. Peak memory is above the slot's usage at the start (page cache that earlier
         runs left charged to the slot is not the program's)."""

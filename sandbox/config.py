@@ -25,8 +25,9 @@ class SandboxConfig(BaseModel):
     # up to ~20 ms under load). Escaping a chroot needs chroot/mount/pivot_root, which the containers lack
     # (no capabilities, seccomp denies them), but pivot_root is the conservative default.
     no_pivot: bool = False
-    # Judge mode: a case's limits.timeout_s is CPU time; a case that has spent less when its wall time reaches the
-    # limit (it waited for a core) runs on, up to this many times the limit in wall time (it sleeps or blocks)
+    # limits.timeout_s of a run, a compile step and a judge case is CPU time: one that has spent less when its wall
+    # time reaches the limit (it waited for a core) runs on, up to this many times the limit in wall time (it
+    # sleeps or blocks). Sessions' and Jupyter cells' timeouts stay wall time.
     wall_time_factor: float = Field(3.0, ge=1.0)
     default_limits: Limits = Limits(timeout_s=10, memory_mb=512, output_kb=1024, pids=64, disk_mb=64)
     max_limits: Limits = Limits(timeout_s=60, memory_mb=4096, output_kb=16384, pids=512, disk_mb=1024)

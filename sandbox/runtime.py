@@ -617,7 +617,7 @@ class SandboxRuntime:
             if lang.compile:
                 climits = self.config.compile_step(limits, req.compile_timeout_s)
                 args = command(lang, lang.compile, files, climits.memory_mb)
-                c = self._phase(w, rootfs, image, args, climits, None, out, "compile")
+                c = self._phase(w, rootfs, image, args, climits, None, out, "compile", cpu_time=True)
                 compile_output = (c.stdout + c.stderr).decode("utf-8", "replace")
                 compiled = dict(compile_output=compile_output, compile_exit_code=c.exit_code,
                                 compile_wall_ms=round(c.wall_ms, 3), compile_timed_out=c.timed_out)
@@ -633,6 +633,7 @@ class SandboxRuntime:
                                      cases_total=len(req.cases) if req.cases else None, **compiled)
             else:
                 compiled = {}
+            plain = not (req.cases or req.cells)  # judge and Jupyter modes time each case or cell themselves
             if req.cases:
                 factor = self.config.wall_time_factor
                 self._write_late_files(Path(rootfs, "work"), judge_files(req, lang, limits, nonce, checker, factor))
@@ -642,7 +643,7 @@ class SandboxRuntime:
             else:
                 run = lang.tests_run if req.tests and lang.tests_run else lang.run
                 args, run_limits = command(lang, run, files, limits.memory_mb), limits
-            p = self._phase(w, rootfs, image, args, run_limits, stdin, out, "run")
+            p = self._phase(w, rootfs, image, args, run_limits, stdin, out, "run", cpu_time=plain)
             result = self._result(p, req, nonce, out_bytes, compiled, judge_tests=splits is None)
             if splits is not None:
                 got = read_values(f"{rootfs}/work", VALUES_PATH.rsplit("/", 1)[1], limits.disk_mb << 20)
@@ -791,7 +792,7 @@ class SandboxRuntime:
             os.chown(path, SANDBOX_UID, SANDBOX_GID)
 
     def _phase(self, w: "Worker | SessionSeat", rootfs: str, image: Image, args: list[str], limits: Resolved,
-               stdin: str | None, out: str, tag: str, session: Session | None = None) -> Phase:
+               stdin: str | None, out: str, tag: str, session: Session | None = None, cpu_time: bool = False) -> Phase:
         """One container to its end. With `session`, its stdin and stdout are pipes the session serves cells
         over until it ends (the container is then killed); otherwise they are files."""
         slot = w.slot
@@ -818,6 +819,9 @@ class SandboxRuntime:
             proc = subprocess.Popen(cmd, stdin=piped or fi, stdout=piped or fo, stderr=fe, close_fds=True,
                                     env=self._crun_env)
             deadline = t0 + limits.timeout_s
+            # cpu_time: limits.timeout_s is the CPU the container spends, within wall_time_factor x it of wall time
+            # (as a judge case's: a program that waited for a core on a busy node is not out of time)
+            cap = t0 + limits.timeout_s * (self.config.wall_time_factor if cpu_time else 1.0)
             pidfd = os.pidfd_open(proc.pid)
             try:
                 if session is not None:
@@ -835,6 +839,10 @@ class SandboxRuntime:
                     if os.fstat(fo.fileno()).st_size + os.fstat(fe.fileno()).st_size > out_limit:
                         exceeded = True
                     elif time.monotonic() >= deadline:
+                        now, spent = time.monotonic(), slot.cpu_seconds()
+                        if now < cap and spent < limits.timeout_s:
+                            deadline = min(cap, now + max(limits.timeout_s - spent, 0.01))
+                            continue
                         timed_out = True
                     else:
                         continue

@@ -131,3 +131,30 @@ def test_leak_1000_runs(client, service):
         done += k
     service.assert_unchanged(before)
     assert client.health().status == "ok"
+
+
+def test_a_runs_time_limit_is_cpu_time_with_a_wall_cap(client):
+    """A run kept off the CPU beyond its limit (on a core where a process of the host spins: a busy node made to
+    happen, the two cgroups sharing the core) ends `ok` on the CPU it spent; a sleeping run times out at the wall cap,
+    wall_time_factor (3) x its limit; a spinning one once it has spent its limit (tests/sandbox/test_hostile.py)."""
+    import subprocess
+    import sys
+
+    cpu = min(__import__("os").sched_getaffinity(0))
+    spin = ("import os, time\nos.sched_setaffinity(0, {%d})\nend = time.monotonic() + 3.5\n"
+            "while time.monotonic() < end: pass\n" % cpu)
+    code = ("import os, time\n"
+            f"os.sched_setaffinity(0, {{{cpu}}})\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.7: pass\n"
+            "print('done')")
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        starved = client.run("python", code, limits={"timeout_s": 1})
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert starved.status.value == "ok" and starved.stdout.strip() == "done", starved
+    assert starved.wall_ms > 1000 and starved.cpu_ms < 1000, starved  # a wall-clock limit would have stopped it
+    sleeping = client.run("bash", "sleep 100", limits={"timeout_s": 1})
+    assert sleeping.status.value == "timeout" and 3000 <= sleeping.wall_ms < 3000 + 2000, sleeping
