@@ -88,9 +88,9 @@ class Agent:
         episodes, groups = [], []
         for g, p in enumerate(problems):
             for _ in range(n_samples):
-                episodes.append(self._episode(p, counts))
+                episodes.append(self.episode(p, counts))
                 groups.append(g)
-        runner = AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version, self.overlap)
+        runner = self.runner(generate, version)
         samples = runner.run(episodes, seed, task_ids=[problems[g].task_id for g in groups], groups=groups)
         latencies = [t for ep in episodes for t in getattr(ep, "latencies", [])]
         metrics = agent_metrics(samples, counts, latencies, runner.outcomes if self.scores_itself else ())
@@ -116,7 +116,18 @@ class Agent:
         calls = [ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
         return {"role": "assistant", "content": (message.get("content") or "") + self.parser.format(calls)}
 
-    def _episode(self, problem: Problem, counts: Counter) -> Episode:
+    def runner(self, generate: Callable[[list[Problem], int, int], Samples], version: int) -> AgentRunner:
+        """A runner of this agent's trajectories on `generate`, their sampled tokens marked `version`."""
+        return AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version, self.overlap)
+
+    @staticmethod
+    def continue_episode(episode: Episode, counts: Counter) -> None:
+        """An episode set aside by a partial rollout, continued in a later sampling: its tool calls are counted and
+        timed in that sampling's metrics."""
+        if isinstance(episode, ToolEpisode):
+            episode.counts, episode.latencies = counts, []
+
+    def episode(self, problem: Problem, counts: Counter) -> Episode:
         if self.cfg.environment is not None:
             return _SystemFirst(EnvEpisode(self._environment(), env_columns(problem)), self.system_prompt)
         messages = with_system_prompt(problem.messages or [{"role": "user", "content": problem.prompt}],

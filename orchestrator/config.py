@@ -251,9 +251,10 @@ class TideConfig(Strict):
                 raise ValueError("placement.rollout_cpus splits CPU cores; with GPUs engines and ranks get their own "
                                  "GPUs: remove it")
             if self.agent is not None:
-                if r.partial_rollout:
-                    raise ValueError("rollout.partial_rollout with `agent:` is not built: multi-turn trajectories are "
-                                     "sampled whole (max_staleness 1 overlaps them with training)")
+                if r.partial_rollout and self.agent.uses_sandbox:
+                    raise ValueError("rollout.partial_rollout with agent.tools python or agent.environment "
+                                     "code_feedback is not built: a trajectory set aside is saved with the checkpoint, "
+                                     "and their state lives in the sandbox service, which a checkpoint does not hold")
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
                                      "use agent.tools")

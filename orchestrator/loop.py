@@ -8,6 +8,7 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ckpt_transfer.export import export_hf
+from orchestrator.agent_partial import draw_agent_partially, segment_tokens
 from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
@@ -93,15 +94,21 @@ def rollout(s: Session, problems: list[Problem], seed: int, version: int) -> Rol
 
 def partial_rollout(s: Session, problems: list[Problem], carried: list[OpenGroup], seed: int, version: int,
                     last: bool) -> PartialDraw:
-    """rollout.partial_rollout: the groups `carried` over continued and the new ones opened, a segment each; the
-    batch is the groups ended now, at least enough to give every mini-batch of every data-parallel replica a
-    sample."""
+    """rollout.partial_rollout: the groups `carried` over continued and the new ones opened, a segment each
+    (multi-turn trajectories: orchestrator/agent_partial.py); the batch is the groups ended now, at least enough to
+    give every mini-batch of every data-parallel replica a sample."""
     r, t, p = s.cfg.rollout, s.cfg.trainer, s.cfg.trainer.parallel
+    min_groups = -(-t.updates_per_iteration * p.dp * p.ep // r.n_samples)
+    if s.agent is not None:
+        return draw_agent_partially(
+            s.agent, engine_turns(s.rollout, s.sampling), problems, carried, n_samples=r.n_samples, seed=seed,
+            version=version, segment=segment_tokens(r.partial_rollout_tokens, s.cfg.agent.max_total_tokens,
+                                                    r.max_staleness),
+            max_draws=r.max_staleness, min_groups=min_groups, finish_all=last)
     return sample_partially(
         lambda requests: s.rollout.generate(requests, 1, r.max_new_tokens, s.sampling, seed), problems, carried,
         n_samples=r.n_samples, max_new_tokens=r.max_new_tokens, segment_tokens=r.segment_tokens,
-        max_draws=r.max_staleness, min_groups=-(-t.updates_per_iteration * p.dp * p.ep // r.n_samples), seed=seed,
-        version=version, finish_all=last,
+        max_draws=r.max_staleness, min_groups=min_groups, seed=seed, version=version, finish_all=last,
         decode=lambda ids: s.task.renderer.tokenizer.decode(ids, skip_special_tokens=True))
 
 
@@ -118,8 +125,8 @@ def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup]) -> 
         rolled = rollout(s, problems, seed, version)
         return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0)
     part = partial_rollout(s, problems, carried, seed, version, last=iteration == s.cfg.iterations)
-    return Drawn(iteration, part.problems, rendering, Rollout(part.samples, part.metrics), version, started,
-                 time.perf_counter() - t0, set_aside=part.set_aside)
+    return Drawn(iteration, part.problems, rendering, Rollout(part.samples, part.metrics, part.parts), version,
+                 started, time.perf_counter() - t0, set_aside=part.set_aside)
 
 
 def run_iterations(s: Session) -> None:

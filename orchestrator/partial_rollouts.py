@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
@@ -44,8 +44,9 @@ class PartialDraw:
 
     problems: list[Problem]
     samples: Samples
-    set_aside: list[OpenGroup]
+    set_aside: list  # OpenGroup (orchestrator/agent_partial.py: AgentGroup)
     metrics: dict[str, float]
+    parts: dict[str, float] = field(default_factory=dict)  # multi-turn: seconds of generation and of tools
 
 
 def request_seed(seed: int, index: int, sample: int, draw: int) -> int:

@@ -174,12 +174,15 @@ class RolloutConfig(EngineConfig):
         "new tokens in a batch's sampling is set aside and continued from its tokens, under the engines' newer "
         "weights, when the next batch is sampled; its group is trained once all its generations have ended. Each "
         "token keeps the policy version that sampled it (its staleness is bounded by max_staleness, needs 2 or "
-        "more), and each batch's tokens are checked against the policy that sampled them. Not with `agent:`, stop "
-        "strings or recorded mixture-of-experts routing.")
+        "more), and each batch's tokens are checked against the policy that sampled them. With `agent:`, a "
+        "trajectory is set aside at the end of the turn that reaches partial_rollout_tokens sampled tokens, after its "
+        "episode's reply (not with the python tool or code_feedback). Not with stop strings or recorded "
+        "mixture-of-experts routing.")
     partial_rollout_tokens: int | None = Field(
         None, gt=0, description="With partial_rollout: the most new tokens a generation gets in one batch's "
         "sampling before it is set aside (a generation in its last allowed batch, or in the run's last iteration, "
-        "runs to its end). null: max_new_tokens / max_staleness, rounded up.")
+        "runs to its end). null: max_new_tokens / max_staleness, rounded up (with `agent:`, "
+        "agent.max_total_tokens / max_staleness).")
 
     @model_validator(mode="after")
     def _partial_rollout(self) -> "RolloutConfig":

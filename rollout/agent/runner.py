@@ -15,7 +15,12 @@ with the trajectories whose replies are in, while other trajectories' tools run:
 generation (scripts/bench_agent.py). Which trajectories share a call then depends on tool timings, and batch
 composition can move float results in the last bits: deterministic runs use lockstep. The engine call itself
 is synchronous (the rollout group's `generate`): trajectories that become ready during a call wait for the next
-one, where vLLM's asynchronous engine would take them into the running batch."""
+one, where vLLM's asynchronous engine would take them into the running batch.
+
+Partial trajectories (`run_open` with a segment budget; orchestrator/agent_partial.py): a trajectory that has
+sampled `segment_tokens` tokens in this run is set aside at its next turn boundary, after its episode's reply is
+inserted, and continued by a later run -- under the weights the engines serve then, its new tokens carrying that
+version -- from the very ids it holds."""
 from __future__ import annotations
 
 import asyncio
@@ -106,8 +111,10 @@ class AgentLimits:
 
 
 @dataclass
-class _Live:
-    index: int
+class OpenTrajectory:
+    """A trajectory between turns: its episode (with the episode's own state), conversation and tokens."""
+
+    index: int  # its place in the batch that opened it (with `seed`, what its turns' seeds derive from)
     episode: Episode
     messages: list[dict[str, Any]]
     traj: Trajectory
@@ -115,6 +122,10 @@ class _Live:
     reward: float | None = None
     solved: bool = False
     finish: str = ""
+    seed: int = 0  # the seed of the run that opened it
+    rank: int = 0  # its place in the current run's engine calls
+    to_end: bool = True  # the current run takes it to its end (no segment budget)
+    sampled_at_start: int = 0  # its sampled tokens when the current run took it over
 
 
 async def _close(episodes: list[Episode]) -> None:
@@ -143,6 +154,26 @@ class AgentRunner:
         self.timings = Counter()
         self.outcomes: list[tuple[int, bool]] = []  # (model turns, solved) of every trajectory of the last run
 
+    def open(self, episodes: Sequence[Episode], seed: int) -> list[OpenTrajectory]:
+        """Start a trajectory per episode (its prompt rendered with the tools' schemas)."""
+        out = []
+        for i, ep in enumerate(episodes):
+            messages = ep.start()
+            out.append(OpenTrajectory(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True)),
+                                      len(messages), seed=seed, rank=i))
+        return out
+
+    def run_open(self, live: Sequence[OpenTrajectory],
+                 segment_tokens: int | None = None) -> tuple[list[OpenTrajectory], list[OpenTrajectory]]:
+        """Advance `live` (in this order in every engine call): (ended, set aside). A trajectory whose `to_end` is
+        False is set aside at the first turn boundary after it sampled `segment_tokens` tokens in this run; an
+        ended one's resources are closed, a set-aside one's kept."""
+        self.timings.clear()
+        for rank, x in enumerate(live):
+            x.rank, x.sampled_at_start = rank, sum(x.traj.mask)
+        done, aside = asyncio.run(self._run(list(live), segment_tokens))
+        return sorted(done, key=lambda x: x.rank), sorted(aside, key=lambda x: x.rank)
+
     def run(self, episodes: Sequence[Episode], seed: int, task_ids: Sequence[str] | None = None,
             groups: Sequence[int] | None = None) -> Samples:
         """One trajectory per episode, as Samples whose completion is everything after the first prompt, with
@@ -150,29 +181,24 @@ class AgentRunner:
         the model's last turn (what a scorer reads) and `conversation` every message after the prompt.
         `groups[i]`: the prompt episode i answers (its Sample.prompt_index; default i). An episode's resources
         (its python session) are closed as soon as its trajectory ends."""
-        self.timings.clear()
-        live = []
-        for i, ep in enumerate(episodes):
-            messages = ep.start()
-            live.append(_Live(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True)),
-                              len(messages)))
-        done = asyncio.run(self._run(live, seed))
-        done.sort(key=lambda x: x.index)
+        done, _ = self.run_open(self.open(episodes, seed))
         self.outcomes = [(x.traj.turns, x.solved) for x in done]
-        return Samples([self._sample(x, task_ids, groups) for x in done])
+        return Samples([self.sample(x, task_ids[x.index] if task_ids else str(x.index),
+                                    groups[x.index] if groups else x.index) for x in done])
 
-    async def _run(self, live: list[_Live], seed: int) -> list[_Live]:
+    async def _run(self, live: list[OpenTrajectory],
+                   segment_tokens: int | None) -> tuple[list[OpenTrajectory], list[OpenTrajectory]]:
         # every trajectory's tool call or environment step may wait on I/O at once (the default pool has 6 threads)
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(min(256, len(live) + 2)))
-        waiting, replying, done, closing = list(live), {}, [], []
+        waiting, replying, done, aside, closing = list(live), {}, [], [], []
         engine: asyncio.Task | None = None
-        batch: list[_Live] = []
+        batch: list[OpenTrajectory] = []
         self._busy, self._busy_since = 0, 0.0
         try:
             while waiting or replying or engine:
                 if engine is None and waiting and (self.overlap or not replying):
-                    batch, waiting = sorted(waiting, key=lambda x: x.index), []
-                    engine = asyncio.create_task(self._generate(batch, seed))
+                    batch, waiting = sorted(waiting, key=lambda x: x.rank), []
+                    engine = asyncio.create_task(self._generate(batch))
                 finished, _ = await asyncio.wait([*replying, *([engine] if engine else [])],
                                                  return_when=asyncio.FIRST_COMPLETED)
                 if engine in finished:
@@ -185,7 +211,11 @@ class AgentRunner:
                 for task in [t for t in finished if t in replying]:
                     x = replying.pop(task)
                     if self._advance(x, task.result()):
-                        waiting.append(x)
+                        spent = sum(x.traj.mask) - x.sampled_at_start
+                        if not x.to_end and segment_tokens is not None and spent >= segment_tokens:
+                            aside.append(x)  # its resources stay open: a later run continues it
+                        else:
+                            waiting.append(x)
                     else:
                         done.append(x)
                         closing.append(asyncio.create_task(_close([x.episode])))  # its session, now
@@ -194,21 +224,21 @@ class AgentRunner:
                 task.cancel()
             if engine is not None:
                 await asyncio.gather(engine, return_exceptions=True)  # a thread in the engine's call: let it end
-            ended = {x.index for x in done}
-            await asyncio.gather(*closing, _close([x.episode for x in live if x.index not in ended]))
-        return done
+            kept = {id(x) for x in done} | {id(x) for x in aside}
+            await asyncio.gather(*closing, _close([x.episode for x in live if id(x) not in kept]))
+        return done, aside
 
-    async def _generate(self, batch: list[_Live], seed: int) -> Samples:
+    async def _generate(self, batch: list[OpenTrajectory]) -> Samples:
         t0 = time.monotonic()
         try:
             return await asyncio.to_thread(self.generate, [
                 Problem(task_id=str(x.index), prompt="", answer="", prompt_ids=tuple(x.traj.all_ids),
-                        seed=turn_seed(seed, x.index, x.traj.turns), max_new_tokens=self._budget(x)) for x in batch],
-                self.limits.max_tokens_per_turn, seed)
+                        seed=turn_seed(x.seed, x.index, x.traj.turns), max_new_tokens=self._budget(x)) for x in batch],
+                self.limits.max_tokens_per_turn, batch[0].seed)
         finally:
             self.timings["generate_s"] += time.monotonic() - t0
 
-    async def _reply(self, x: _Live) -> Reply:
+    async def _reply(self, x: OpenTrajectory) -> Reply:
         if self._busy == 0:
             self._busy_since = time.monotonic()
         self._busy += 1
@@ -219,7 +249,7 @@ class AgentRunner:
             if self._busy == 0:
                 self.timings["tool_s"] += time.monotonic() - self._busy_since
 
-    def _advance(self, x: _Live, reply: Reply) -> bool:
+    def _advance(self, x: OpenTrajectory, reply: Reply) -> bool:
         """Take an episode's reply to the trajectory's last turn: True when the trajectory goes on."""
         if reply.reward is not None:
             x.reward = reply.reward
@@ -232,13 +262,13 @@ class AgentRunner:
             x.finish = why
         return not why
 
-    def _budget(self, x: _Live) -> int:
+    def _budget(self, x: OpenTrajectory) -> int:
         room = [self.limits.max_tokens_per_turn, self.limits.max_total_tokens - len(x.traj.ids)]
         if self.limits.context:
             room.append(self.limits.context - len(x.traj.all_ids))
         return max(1, min(room))
 
-    def _insert(self, x: _Live, new: list[dict[str, Any]]) -> str:
+    def _insert(self, x: OpenTrajectory, new: list[dict[str, Any]]) -> str:
         """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
         new = [self._clip(m) for m in new]
         try:
@@ -268,13 +298,14 @@ class AgentRunner:
         tail = self.tokenizer.decode(ids[len(ids) - keep:]) if keep else ""
         return {**message, "content": f"{head}\n... ({len(ids) - keep} tokens cut)\n{tail}"}
 
-    def _sample(self, x: _Live, task_ids: Sequence[str] | None, groups: Sequence[int] | None) -> Sample:
+    @staticmethod
+    def sample(x: OpenTrajectory, task_id: str, prompt_index: int) -> Sample:
+        """The trajectory so far as a Sample: its completion everything after the first prompt, with its loss mask
+        and versions; `text` the model's last turn."""
         t = x.traj
         after_prompt = x.messages[x.prompt_messages:]
         last = next((m["content"] for m in reversed(after_prompt) if m["role"] == "assistant"), "")
-        return Sample(prompt_index=groups[x.index] if groups else x.index,
-                      task_id=task_ids[x.index] if task_ids else str(x.index),
-                      prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
+        return Sample(prompt_index=prompt_index, task_id=task_id, prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
                       text=last, reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask),
                       versions=list(t.versions), conversation=after_prompt)
 

@@ -77,3 +77,39 @@ def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert (killed / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
     assert json.loads((killed / "final.json").read_text()) == json.loads((run / "final.json").read_text())
+
+
+def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
+    """rollout.partial_rollout with `agent:`: a game is set aside at the end of the turn that reaches 8 sampled tokens
+    (two turns) after the environment's reply, and continued in the next batch's sampling under newer weights, for
+    at most max_staleness 2 samplings; every batch's tokens match the policy that sampled them, no token is more than
+    2 updates old when trained (2 reached), every game is trained once, and a run resumed from its iteration-2
+    checkpoint (which holds the batch drawn ahead and the games it set aside, environments' state included) ends with
+    the uninterrupted run's metrics, samples and parameters."""
+    path = _guess_config(tmp_path, address)
+    cfg = yaml.safe_load(path.read_text())
+    cfg.update(iterations=4, eval={"every": 0})
+    cfg["rollout"].update(max_staleness=2, partial_rollout=True, partial_rollout_tokens=8, mismatch_correction="tis",
+                          probe_every=0)
+    path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    proc = _tide("run", path, "--run-dir", run)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = _jsonl(run / "metrics.jsonl")
+    assert all(0 < m["logprob_gap"] <= 1e-5 and m["stale_masked_tokens"] == 0 for m in metrics), metrics
+    assert max(m["staleness_token_max"] for m in metrics) == 2 and all(m["staleness_token_max"] <= 2 for m in metrics)
+    assert any(m["partial_share"] > 0 and m["partial_continued"] > 0 for m in metrics)
+    assert metrics[-1]["partial_groups_set_aside"] == 0  # the last iteration ends every game
+    assert sum(m["samples"] for m in metrics) == 4 * 8 * 4  # every game opened is trained once
+    assert all(0 < m["masked_token_share"] < 1 for m in metrics)
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(run, resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "iter_0000004")
+    (resumed_dir / "final.json").unlink()
+    assert (resumed_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
+    resumed = _tide("resume", resumed_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert (resumed_dir / name).read_text() == (run / name).read_text(), name
+    assert json.loads((resumed_dir / "final.json").read_text()) == json.loads((run / "final.json").read_text())

@@ -529,8 +529,8 @@ def test_eval_samples_the_runs_distribution_unless_told_otherwise():
     ({"tool_parser": "mistral", "tools": ["python"]}, {}, "'hermes'"),
     ({"environment": "guess"}, {"rewards": [{"fn": "exact_match"}]}, "scores its trajectories itself"),
     ({"environment": "guess", "max_turns": 0}, {}, "agent.max_turns"),
-    ({"environment": "guess"}, {"rollout": {"max_staleness": 2, "partial_rollout": True, "mismatch_correction": "tis"}},
-     "rollout.partial_rollout with `agent:` is not built"),
+    ({"tools": ["python"]}, {"rollout": {"max_staleness": 2, "partial_rollout": True, "mismatch_correction": "tis"}},
+     "rollout.partial_rollout with agent.tools python or agent.environment code_feedback is not built"),
 ])
 def test_agent_section_is_validated(agent, extra, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
