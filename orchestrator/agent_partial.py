@@ -41,12 +41,6 @@ class AgentGroup:
         return [AgentRunner.sample(x, self.problem.task_id, 0) for x in self.trajectories]
 
 
-def segment_tokens(partial_rollout_tokens: int | None, max_total_tokens: int, max_staleness: int) -> int:
-    """The sampled tokens a trajectory gets in one batch's sampling before it is set aside (at the end of the turn
-    that reaches them): rollout.partial_rollout_tokens, or agent.max_total_tokens / max_staleness rounded up."""
-    return partial_rollout_tokens or -(-max_total_tokens // max(max_staleness, 1))
-
-
 def draw_agent_partially(agent, generate: Callable, new_problems: Sequence[Problem], carried: Sequence[AgentGroup], *,
                          n_samples: int, seed: int, version: int, segment: int, max_draws: int, min_groups: int,
                          finish_all: bool) -> PartialDraw:

@@ -8,7 +8,7 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ckpt_transfer.export import export_hf
-from orchestrator.agent_partial import draw_agent_partially, segment_tokens
+from orchestrator.agent_partial import draw_agent_partially
 from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
@@ -102,8 +102,7 @@ def partial_rollout(s: Session, problems: list[Problem], carried: list[OpenGroup
     if s.agent is not None:
         return draw_agent_partially(
             s.agent, engine_turns(s.rollout, s.sampling), problems, carried, n_samples=r.n_samples, seed=seed,
-            version=version, segment=segment_tokens(r.partial_rollout_tokens, s.cfg.agent.max_total_tokens,
-                                                    r.max_staleness),
+            version=version, segment=r.segment_within(s.cfg.agent.max_total_tokens),
             max_draws=r.max_staleness, min_groups=min_groups, finish_all=last)
     return sample_partially(
         lambda requests: s.rollout.generate(requests, 1, r.max_new_tokens, s.sampling, seed), problems, carried,

@@ -215,9 +215,14 @@ class RolloutConfig(EngineConfig):
     @property
     def segment_tokens(self) -> int:
         """With partial_rollout: the most new tokens a generation gets in one batch's sampling."""
+        return self.segment_within(self.max_new_tokens)
+
+    def segment_within(self, budget: int) -> int:
+        """With partial_rollout: the most new tokens one batch's sampling gives a generation (or a multi-turn
+        trajectory) of `budget` tokens in all: partial_rollout_tokens, or budget / max_staleness rounded up."""
         if self.partial_rollout_tokens is not None:
-            return min(self.partial_rollout_tokens, self.max_new_tokens)
-        return -(-self.max_new_tokens // max(self.max_staleness, 1))
+            return min(self.partial_rollout_tokens, budget)
+        return -(-budget // max(self.max_staleness, 1))
 
     @model_validator(mode="after")
     def _icepop_bounds(self) -> "RolloutConfig":

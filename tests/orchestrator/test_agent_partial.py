@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from orchestrator.agent_partial import AgentGroup, draw_agent_partially, segment_tokens
+from orchestrator.agent_partial import AgentGroup, draw_agent_partially
 from orchestrator.partial_rollouts import sampled_in
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
@@ -112,8 +112,12 @@ def test_too_few_ended_groups_end_the_oldest_open_ones(agent):
 
 
 def test_segment_tokens_default_to_the_trajectory_budget_over_the_staleness():
-    assert segment_tokens(None, 448, 2) == 224 and segment_tokens(None, 449, 2) == 225
-    assert segment_tokens(32, 448, 2) == 32
+    from rollout.config import RolloutConfig
+
+    r = RolloutConfig(max_staleness=2, partial_rollout=True, mismatch_correction="tis", max_new_tokens=8)
+    assert r.segment_within(448) == 224 and r.segment_within(449) == 225 and r.segment_tokens == 4
+    r = r.model_copy(update={"partial_rollout_tokens": 32})
+    assert r.segment_within(448) == 32 and r.segment_tokens == 8
 
 
 def test_partial_rollouts_take_environments_and_refuse_the_sandboxs_state():
