@@ -67,9 +67,10 @@ CASES = [
     Case("c-output-flood", "c", "#include <stdio.h>\nint main(){for(;;) fputs(\"yyyyyyyyyyyyyyyy\\n\", stdout);}",
          {"output_limit"}),
     Case("bash-stderr-flood", "bash", "yes err >&2", {"output_limit"}),
-    # the limit is CPU time (within 3x of it in wall time): stopped once it has spent its 2 s, however busy the node
+    # the limit is CPU time within 3x of it in wall time: stopped once it has spent its 2 s, or at the 6 s cap where
+    # the node is too busy to give it that (a full suite run: 1.15 s of CPU in 6 s)
     Case("py-infinite-loop", "python", "while True:\n    pass\n", {"timeout"},
-         lambda r: r.cpu_ms >= 1800 and r.wall_ms < 3 * 2000 + 1000),
+         lambda r: (r.cpu_ms >= 1800 or r.wall_ms >= 3 * 2000) and r.wall_ms < 3 * 2000 + 1000),
     Case("js-infinite-loop", "javascript", "while (true) {}", {"timeout"}),
     Case("java-infinite-loop", "java", "public class Main { public static void main(String[] a) { while (true) {} } }",
          {"timeout"}, limits={**TIGHT, "memory_mb": 256}),
