@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.partial_rollouts import PartialDraw
+from orchestrator.partial_rollouts import PartialDraw, partial_metrics
 from rollout.agent import AgentRunner, OpenTrajectory, agent_metrics
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
@@ -96,11 +96,7 @@ def draw_agent_partially(agent, generate: Callable, new_problems: Sequence[Probl
         problems.append(g.problem)
     samples = Samples(items)
     latencies = [t for x in ran for t in getattr(x.episode, "latencies", [])]  # this sampling's tool calls
-    spanning = [k for k in spans if k > 1]
-    metrics = agent_metrics(samples, counts, latencies, outcomes if agent.scores_itself else ()) | {
-        "partial_continued": continued, "partial_set_aside": sum(not e for g in set_aside for e in g.ended),
-        "partial_groups_set_aside": len(set_aside), "partial_groups_finished_early": len(finished_early),
-        "partial_share": len(spanning) / max(len(spans), 1),
-        "partial_span": sum(spanning) / len(spanning) if spanning else 0.0}
+    metrics = agent_metrics(samples, counts, latencies, outcomes if agent.scores_itself else ()) | partial_metrics(
+        continued, sum(not e for g in set_aside for e in g.ended), len(set_aside), len(finished_early), spans)
     return PartialDraw(problems, samples, set_aside, metrics,
                        parts={"generate": parts["generate_s"], "tools": parts["tool_s"]})

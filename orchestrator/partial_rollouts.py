@@ -97,12 +97,18 @@ def sample_partially(generate: Callable[[list[Problem]], Samples], new_problems:
             sample.text = decode(sample.completion_ids)
             items.append(sample)
         problems.append(group.problem)
+    return PartialDraw(problems, Samples(items), set_aside, partial_metrics(
+        continued, sum(sum(g.running) for g in set_aside), len(set_aside), len(finished_now), spans))
+
+
+def partial_metrics(continued: int, running_set_aside: int, groups_set_aside: int, finished_early: int,
+                    spans: Sequence[int]) -> dict[str, float]:
+    """One partial sampling's metrics; `spans`: per trained sample, the samplings that gave it tokens."""
     spanning = [k for k in spans if k > 1]
-    return PartialDraw(problems, Samples(items), set_aside, {
-        "partial_continued": continued, "partial_set_aside": sum(sum(g.running) for g in set_aside),
-        "partial_groups_set_aside": len(set_aside), "partial_groups_finished_early": len(finished_now),
-        "partial_share": len(spanning) / max(len(spans), 1),
-        "partial_span": sum(spanning) / len(spanning) if spanning else 0.0})
+    return {"partial_continued": continued, "partial_set_aside": running_set_aside,
+            "partial_groups_set_aside": groups_set_aside, "partial_groups_finished_early": finished_early,
+            "partial_share": len(spanning) / max(len(spans), 1),
+            "partial_span": sum(spanning) / len(spanning) if spanning else 0.0}
 
 
 def _sampling_round(generate: Callable[[list[Problem]], Samples], groups: list[OpenGroup],
