@@ -305,7 +305,8 @@ class AgentRunner:
         t = x.traj
         after_prompt = x.messages[x.prompt_messages:]
         last = next((m["content"] for m in reversed(after_prompt) if m["role"] == "assistant"), "")
-        return Sample(prompt_index=prompt_index, task_id=task_id, prompt_ids=list(t.prompt_ids), completion_ids=list(t.ids), logprobs=list(t.logprobs),
+        return Sample(prompt_index=prompt_index, task_id=task_id, prompt_ids=list(t.prompt_ids),
+                      completion_ids=list(t.ids), logprobs=list(t.logprobs),
                       text=last, reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask),
                       versions=list(t.versions), conversation=after_prompt)
 
