@@ -58,6 +58,14 @@ class EngineConfig(_Strict):
                                           "<tide checkout>/.cache/vllm.")
     extra_env: dict[str, str] = Field({}, description="Environment variables of the engines' processes, e.g. "
                                       "{VLLM_CPU_OMP_THREADS_BIND: \"0-1\"}.")
+    weight_update: Literal["drain", "in_flight"] = Field(
+        "drain", description="With max_staleness 1: how the engines take the weights a train step publishes while "
+        "they draw the next batch. `drain`: they finish the batch on the weights it started on, then load. "
+        "`in_flight` (PipelineRL): they load them between two decode steps of the batch (at in_flight_step), the "
+        "running generations' KV recomputed under them and none aborted; each token keeps the version that "
+        "sampled it, and the tokens sampled after the switch are one update fresher. Needs sync_mode reload and "
+        "engine_process inline (whose vLLM then schedules without async scheduling: a step ends before the "
+        "weights change); not with partial_rollout or `agent:` (not built).")
     record_routing: bool = Field(
         True, description="Mixture-of-experts models: record the experts each token was routed to while "
         "generating (2 x layers x top_k bytes per token), for the trainer's routing_mismatch metric and "
@@ -178,6 +186,12 @@ class RolloutConfig(EngineConfig):
         "trajectory is set aside at the end of the turn that reaches partial_rollout_tokens sampled tokens, after its "
         "episode's reply (not with the python tool or code_feedback). Not with stop strings or recorded "
         "mixture-of-experts routing.")
+    in_flight_step: int | None = Field(
+        None, ge=1, description="With weight_update in_flight: the decode step of a batch drawn ahead (engine steps "
+        "since it began; the first step prefills and samples each generation's first token) at which the engines "
+        "take the new weights, waiting for them if the train step has not published them yet, so that which "
+        "version sampled which token is fixed by the config (needed with deterministic true); null: as soon as "
+        "they are published.")
     partial_rollout_tokens: int | None = Field(
         None, gt=0, description="With partial_rollout: the most new tokens a generation gets in one batch's "
         "sampling before it is set aside (a generation in its last allowed batch, or in the run's last iteration, "
@@ -197,6 +211,23 @@ class RolloutConfig(EngineConfig):
             if self.stop:
                 raise ValueError("rollout.partial_rollout with rollout.stop strings is not built (a stop string can "
                                  "straddle two batches' tokens): end generations with stop tokens instead")
+        return self
+
+    @model_validator(mode="after")
+    def _weight_update(self) -> "RolloutConfig":
+        if self.weight_update == "drain":
+            if self.in_flight_step is not None:
+                raise ValueError("rollout.in_flight_step applies to weight_update in_flight only")
+            return self
+        why = [why for bad, why in (
+            (self.max_staleness != 1, f"max_staleness 1 (it is {self.max_staleness}): weights change during a "
+                                      f"batch drawn ahead only"),
+            (self.partial_rollout, "no partial_rollout (not built)"),
+            (self.sync_mode != "reload", "sync_mode reload (a restart cannot happen between two decode steps)"),
+            (self.engine_process != "inline", "engine_process inline (the engine steps in the rollout actor)"),
+        ) if bad]
+        if why:
+            raise ValueError(f"rollout.weight_update in_flight needs {'; '.join(why)}")
         return self
 
     @model_validator(mode="after")

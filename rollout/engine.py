@@ -41,6 +41,7 @@ from . import routing_capture
 from .config import EngineConfig
 from .engine_proc import (DeathWatch, engine_segments, pin_threads, process_tree, remove_segments, sweep_private_dirs,
                           wait_gone)
+from .in_flight import InFlight, Offered, WeightSlot, token_versions
 from .samples import Sample, Samples
 from .tasks.base import Problem
 
@@ -166,6 +167,8 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         kw["max_model_len"] = cfg.max_model_len
     if cfg.max_num_seqs is not None:
         kw["max_num_seqs"] = cfg.max_num_seqs
+    if cfg.weight_update == "in_flight":  # no batch in flight between two steps, where the weights change
+        kw["async_scheduling"] = False
     return kw
 
 
@@ -248,6 +251,7 @@ class RolloutEngine:
         self._scratch: Path | None = None  # a merged-TP directory we wrote for the current weights
         self._layout: dict = {}  # tensor names/dtypes/shapes of the weights being served
         self._routing_shape: tuple[int, int] | None = None  # (layers, top_k) while routing is recorded
+        self._slot: WeightSlot | None = None  # while a generate takes weights in flight (rollout/in_flight.py)
         # generate/score/sync/shutdown take turns (the actor may run with max_concurrency > 1 so that
         # engine_pid/info answer while a generate runs).
         self._lock = threading.RLock()
@@ -273,6 +277,7 @@ class RolloutEngine:
     def generate(
         self, problems: list[Problem], n_samples: int, max_new_tokens: int, temperature: float, seed: int,
         top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+        in_flight: InFlight | None = None,
     ) -> Samples:
         """`n_samples` completions per problem, sampled from softmax(logits / temperature) truncated to the
         top_k tokens (0: all) and the top_p nucleus (1.0: all), with every sampled token's log-prob under that
@@ -280,16 +285,32 @@ class RolloutEngine:
         A problem's `prompt_ids` are used as they are (else vLLM tokenises `prompt`). Generation ends at the
         end-of-sequence token, a token of `stop_token_ids` or a string of `stop`; the completion's tokens keep
         what ended it (the policy sampled it), its text stops before a stop string.
-        Sample.prompt_index = problem index."""
+        Sample.prompt_index = problem index. `in_flight`: a `sync` to its version made while this call runs is
+        loaded between two decode steps (rollout/in_flight.py); each sample then carries its tokens' versions."""
         if n_samples < 1 or max_new_tokens < 1:
             raise ValueError("n_samples and max_new_tokens must be >= 1")
         prompts, params = generate_requests(problems, n_samples, max_new_tokens, temperature, seed, top_p, top_k,
                                             stop, stop_token_ids)
         if not prompts:
             return Samples()
-        with self._lock:
-            outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False))
-            routing = routing_capture.request_records(self._routing_records(), n_samples)
+        slot = None
+        if in_flight is not None:  # opened by open_in_flight, or here
+            slot = self._slot if self._slot is not None and self._slot.switch == in_flight else WeightSlot(in_flight)
+            self._slot = slot
+        try:
+            with self._lock:
+                first_version = None
+                if slot is None:
+                    outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+                else:
+                    outputs, first_version = self._call(
+                        "generate", lambda llm: self._generate_in_flight(llm, prompts, params, slot))
+                routing = routing_capture.request_records(self._routing_records(), n_samples)
+        finally:
+            if slot is not None:
+                slot.close()
+                if self._slot is slot:
+                    self._slot = None
         # One decode of the whole completion (vLLM's incremental detokenizer holds back a trailing partial
         # UTF-8 sequence); special tokens such as EOS are dropped.
         tokenizer = self._llm.get_tokenizer()
@@ -314,7 +335,8 @@ class RolloutEngine:
                     prompt_index=i, task_id=problems[i].task_id, prompt_ids=list(prompt_ids),
                     completion_ids=ids, logprobs=[_token_logprob(e, t) for e, t in zip(c.logprobs, ids)],
                     text=text, answer=problems[i].answer, finish_reason=str(c.finish_reason or ""),
-                    routed_experts=routed,
+                    routed_experts=routed, versions=None if in_flight is None else token_versions(
+                        c.weight_versions, len(ids), first_version),
                 ))
         return Samples(items)
 
@@ -350,36 +372,88 @@ class RolloutEngine:
         done as a restart."""
         if mode not in ("restart", "reload"):
             raise ValueError(f"sync mode must be 'restart' or 'reload', got {mode!r}")
-        with self._lock:
-            if self._closed:
-                raise EngineError("engine was shut down")
-            t0 = time.monotonic()
-            try:
-                path, layout, nbytes = self._verified(manifest)
-                # In-place loading needs the same tensors; a failed reload_weights also breaks vLLM's later
-                # reloads, so catch a mismatch before the engine sees it.
-                if mode == "reload" and (why := layout_difference(layout, self._layout)):
-                    if not restart_if_layout_differs:
-                        raise CheckpointError(f"cannot be loaded in place: {why}")
-                    log.info("%s iteration %d is stored otherwise than the served weights (%s): restarting on it",
-                             manifest.run, manifest.iteration, why)
-                    mode = "restart"
-            except CheckpointError as e:
-                raise SyncError(f"refused {manifest.run} iteration {manifest.iteration}: {e}; "
-                                f"still serving {self._checkpoint_dir}") from None
-            t1 = time.monotonic()
-            if mode == "reload":
-                self._reload(path, manifest.iteration)
-            else:
-                self._restart_on(path, manifest.iteration)
-            t2 = time.monotonic()
-            old_scratch = self._scratch
-            self._scratch = path if path != Path(manifest.directory) else None
-            self._checkpoint_dir, self._iteration, self._layout = path, manifest.iteration, layout
-            if old_scratch is not None and old_scratch != path:
-                shutil.rmtree(old_scratch, ignore_errors=True)
+        # A generate that takes these weights in flight is open (open_in_flight) or running: handed to it (the
+        # first check); or it opens while this sync waits for the engine (the checks while waiting)
+        offered = False
+        while True:
+            slot = self._slot
+            if not offered and slot is not None and mode == "reload" and manifest.iteration == slot.switch.to_version:
+                offered = True
+                if (taken := self._offer(slot, manifest)) is not None:
+                    return taken
+            if self._lock.acquire(timeout=0.05):
+                break
+        try:
+            return self._sync_locked(manifest, mode, restart_if_layout_differs)
+        finally:
+            self._lock.release()
+
+    def _sync_locked(self, manifest: Manifest, mode: SyncMode, restart_if_layout_differs: bool) -> dict:
+        if self._closed:
+            raise EngineError("engine was shut down")
+        t0 = time.monotonic()
+        try:
+            path, layout, nbytes = self._verified(manifest)
+            # In-place loading needs the same tensors; a failed reload_weights also breaks vLLM's later
+            # reloads, so catch a mismatch before the engine sees it.
+            if mode == "reload" and (why := layout_difference(layout, self._layout)):
+                if not restart_if_layout_differs:
+                    raise CheckpointError(f"cannot be loaded in place: {why}")
+                log.info("%s iteration %d is stored otherwise than the served weights (%s): restarting on it",
+                         manifest.run, manifest.iteration, why)
+                mode = "restart"
+        except CheckpointError as e:
+            raise SyncError(f"refused {manifest.run} iteration {manifest.iteration}: {e}; "
+                            f"still serving {self._checkpoint_dir}") from None
+        t1 = time.monotonic()
+        if mode == "reload":
+            self._reload(path, manifest.iteration)
+        else:
+            self._restart_on(path, manifest.iteration)
+        t2 = time.monotonic()
+        self._serve(manifest, path, layout)
         return {"mode": mode, "iteration": manifest.iteration, "bytes": nbytes,
                 "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
+
+    def _offer(self, slot: WeightSlot, manifest: Manifest) -> dict | None:
+        """A sync to the version a running generate takes in flight: verified here (while the engine generates),
+        loaded by the engine thread between two decode steps. None: the call did not take it (it ended first, or
+        the weights cannot be loaded in place), and the sync loads it as usual once the call is done."""
+        t0 = time.monotonic()
+        try:
+            path, layout, nbytes = self._verified(manifest)
+        except CheckpointError as e:
+            slot.release()  # nothing will come: the generate goes on without waiting for it
+            raise SyncError(f"refused {manifest.run} iteration {manifest.iteration}: {e}; "
+                            f"still serving {self._checkpoint_dir}") from None
+        if layout_difference(layout, self._layout):  # a restart, which cannot happen between two steps
+            slot.release()
+            return None
+        t1 = time.monotonic()
+        load_s = slot.offer(Offered(manifest.iteration, path, manifest, layout), self.cfg.engine_call_timeout_s)
+        if load_s is None:
+            return None
+        return {"mode": "in_flight", "iteration": manifest.iteration, "bytes": nbytes, "verify_s": t1 - t0,
+                "load_s": load_s, "seconds": time.monotonic() - t0}
+
+    def open_in_flight(self, switch: InFlight) -> None:
+        """Ready the generate call about to be made with `switch`: a sync to its version made from now on is
+        handed to that call (loaded at its step), also if the call has not reached the engine yet."""
+        self._slot = WeightSlot(switch)
+
+    def release_in_flight(self) -> None:
+        """A generate waiting for in-flight weights goes on without them (the run is stopping)."""
+        if (slot := self._slot) is not None:
+            slot.release()
+
+    def _serve(self, manifest: Manifest, path: Path, layout: dict) -> None:
+        """The engine serves `manifest`'s weights, loaded from `path`: the latest verified ones, to which a
+        restart goes back."""
+        old_scratch = self._scratch
+        self._scratch = path if path != Path(manifest.directory) else None
+        self._checkpoint_dir, self._iteration, self._layout = path, manifest.iteration, layout
+        if old_scratch is not None and old_scratch != path:
+            shutil.rmtree(old_scratch, ignore_errors=True)
 
     def process(self) -> tuple[str, int]:
         """(Ray node id, pid) of this actor's own process, so that whoever kills the actor can wait for it."""
@@ -605,6 +679,67 @@ class RolloutEngine:
         # Without this, prompts longer than one KV block reuse KV computed with the old weights.
         if not llm.reset_prefix_cache():
             raise EngineError("reset_prefix_cache refused (requests still running)")
+
+    @_on_engine_thread
+    def _generate_in_flight(self, llm: Any, prompts: list, params: list, slot: WeightSlot) -> tuple[list, int]:
+        """LLM.generate's loop, one engine step at a time, taking `switch.to_version`'s weights between two
+        steps when a sync offers them (at `switch.at_step`, waiting for them). The outputs in request order and
+        the version that sampled the first tokens; vLLM labels every token with the version set when it was
+        sampled (its weight-version spans)."""
+        engine = llm.llm_engine
+        core = getattr(engine.engine_core, "engine_core", None)  # the in-process EngineCore (engine_process inline)
+        if core is None or core.batch_queue is not None:
+            raise EngineError("in-flight weight updates need engine_process inline without vLLM's batch queue "
+                              "(async scheduling or pipeline parallelism): a step must end before the weights change")
+        switch = slot.switch
+        first = self._iteration if self._iteration is not None else switch.from_version
+        engine.set_weight_version(str(first))
+        pending = first < switch.to_version  # an engine started again on the new weights has nothing to take
+        if not pending:
+            slot.close()
+        request_ids = llm.enqueue(prompts, params, use_tqdm=False)
+        outputs, step = [], 0
+        try:
+            while engine.has_unfinished_requests():
+                # at_step: at that step exactly (waiting for the weights); else whenever they are offered
+                due = pending and (switch.at_step is None or step >= switch.at_step)
+                if due:
+                    offered = slot.take(wait=switch.at_step is not None)
+                    if offered is not None:
+                        self._switch_weights(llm, slot, offered)
+                    if offered is not None or switch.at_step is not None:  # taken, or released: no more waiting
+                        slot.close()
+                        pending = False
+                outputs += [out for out in engine.step() if out.finished]
+                step += 1
+        except BaseException:
+            if self._llm is llm and self._alive():  # nothing of this call is left for the next one
+                engine.abort_request(request_ids, internal=True)  # enqueue's ids are vLLM's internal ones
+            raise
+        finally:
+            slot.close()
+        return sorted(outputs, key=lambda out: int(out.request_id)), first
+
+    def _switch_weights(self, llm: Any, slot: WeightSlot, offered: Offered) -> None:
+        """Load the offered weights between two steps and recompute the running requests' KV under them (they
+        are preempted and prefilled again, their tokens kept); from the next step on, tokens are labelled with
+        the new version. A failed load fails the generate as well, after the engine went back to the previous
+        weights (a sync's failure: SyncError to the sync's caller)."""
+        t0 = time.monotonic()
+        try:
+            llm.collective_rpc("reload_weights", timeout=self.cfg.engine_start_timeout_s,
+                               kwargs={"weights_path": str(offered.path)})
+            if not llm.reset_prefix_cache(reset_running_requests=True):
+                raise EngineError("reset_prefix_cache refused with the running requests reset")
+        except Exception as e:
+            error = SyncError(f"in-flight reload of iteration {offered.version} from {offered.path} failed "
+                              f"({type(e).__name__}: {e}); still serving {self._checkpoint_dir}")
+            slot.loaded(error)
+            self._recover()
+            raise EngineError(f"generate: {error}") from None
+        llm.llm_engine.set_weight_version(str(offered.version))
+        self._serve(offered.manifest, offered.path, offered.layout)
+        slot.loaded(time.monotonic() - t0)
 
     def _restart_on(self, path: Path, iteration: int) -> None:
         self._teardown()

@@ -121,14 +121,14 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def rollout_engine(ray_cluster, tiny_model_dir):
     """A RolloutEngine Ray actor on `tiny_model_dir` (TP=1, float32, prefix caching on), wrapped like the
-    orchestrator wraps it (max_concurrency=2: info/engine_pid answer while a generate runs)."""
+    orchestrator wraps it (max_concurrency=3: a sync, or info/engine_pid, answer while a generate runs)."""
     import ray
 
     from rollout.config import EngineConfig
     from rollout.engine import RolloutEngine
 
     cfg = EngineConfig(kv_cache_gb=0.125, max_engine_restarts=2, engine_start_timeout_s=400)
-    actor = ray.remote(num_cpus=0, max_concurrency=2)(RolloutEngine).remote(str(tiny_model_dir), cfg)
+    actor = ray.remote(num_cpus=0, max_concurrency=3)(RolloutEngine).remote(str(tiny_model_dir), cfg)
     ray.get(actor.info.remote(), timeout=600)  # the constructor ran: the engine is up
     try:
         yield actor
