@@ -236,6 +236,14 @@ class TideConfig(Strict):
                                  f"rollout.mismatch_correction (tis, mis or icepop), so that the trainer recomputes "
                                  f"pi_old and weighs each token by pi_old / pi_behaviour (loss kimi needs none: its "
                                  f"pi_old is the policy that sampled)")
+            if r.weight_update == "in_flight":
+                if self.deterministic and r.in_flight_step is None:
+                    raise ValueError("rollout.weight_update in_flight with deterministic true needs "
+                                     "rollout.in_flight_step: the decode step at which the engines take the new "
+                                     "weights, so that which version samples which token does not depend on timing")
+                if self.agent is not None:
+                    raise ValueError("rollout.weight_update in_flight with `agent:` is not built (a trajectory's "
+                                     "turns are separate generate calls): use drain")
             if r.proximal == "loglinear" and self.trainer.loss != "grpo":
                 raise ValueError(f"rollout.proximal loglinear approximates decoupled PPO's proximal policy, loss "
                                  f"grpo's pi_old; loss {self.trainer.loss} takes the policy that sampled as its "

@@ -1,6 +1,6 @@
 """One RL iteration after another: rollout -> reward -> [old / reference log-probs] -> train -> publish -> sync
 (-> eval) (-> checkpoint). With rollout.max_staleness 1 the next iteration's rollout runs from the end of this
-one's to its sync (orchestrator/scheduler.py)."""
+one's to its sync, or on through it with the new weights taken in flight (orchestrator/scheduler.py)."""
 from __future__ import annotations
 
 import time
@@ -14,7 +14,7 @@ from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, behaviour_gap, check_logprob_gap,
-                                        logprob_gap, probe_due)
+                                        logprob_gap, probe_due, sampled_gap)
 from orchestrator.mismatch import use_trainer_old_logprobs
 from orchestrator.partial_rollouts import OpenGroup, PartialDraw, mask_stale, sample_partially, token_staleness
 from orchestrator.reward_functions import TrainerState
@@ -23,6 +23,7 @@ from orchestrator.rundir import PhaseRecord
 from orchestrator.sample_metrics import sample_metrics, sample_records
 from orchestrator.scheduler import Drawn, RolloutScheduler
 from orchestrator.session import Session, console
+from rollout.in_flight import InFlight
 from rollout.tasks import Problem
 from trainer.batch import LoglinearProximal
 from trainer.lr_schedule import lr_at
@@ -47,9 +48,10 @@ def replay_gaps(train: dict) -> dict[str, float]:
 
 def staleness_metrics(drawn: Drawn, masked: int) -> dict[str, float]:
     """The batch's staleness (policy versions between its last sampler and its trainer) and that sampler; with
-    partial rollouts per token and per sample, and the tokens left out beyond the bound (none by schedule)."""
+    partial rollouts or weights taken in flight per token and per sample, and the tokens left out beyond the
+    bound (none by schedule)."""
     out = {"staleness": drawn.staleness(), "behaviour_version": drawn.version}
-    if "partial_continued" in drawn.rolled.metrics:  # a partial-rollout drawing
+    if "partial_continued" in drawn.rolled.metrics or drawn.in_flight:  # tokens of several versions
         return out | token_staleness(drawn.rolled.samples, drawn.iteration - 1, drawn.version) | {
             "stale_masked_tokens": masked}
     return out | ({"stale_masked_tokens": masked} if masked else {})
@@ -60,7 +62,8 @@ def gap_metrics(drawn: Drawn, gap: float) -> dict[str, float]:
     trainer's current policy, against its sampler) spans an update: `stale_logprob_gap`."""
     if drawn.staleness() == 0:
         return {"logprob_gap": gap}
-    return {"logprob_gap": drawn.logprob_gap, "stale_logprob_gap": gap}
+    newer = {} if drawn.in_flight_logprob_gap is None else {"in_flight_logprob_gap": drawn.in_flight_logprob_gap}
+    return {"logprob_gap": drawn.logprob_gap, "stale_logprob_gap": gap} | newer
 
 
 def checkpoint_due(cfg, iteration: int) -> bool:
@@ -73,22 +76,41 @@ def check_behaviour(s: Session, run, drawn: Drawn, iteration: int, bound: float,
     the start of the iteration that trains it, while the engines draw the next batch, so that the engines do not
     wait for it; or, where a checkpoint is saved before then, before the checkpoint (the snapshot is not in it),
     so that a resumed run finds the batch checked."""
+    share = s.cfg.trainer.updates_per_iteration
     with run.phase(iteration, "ahead_check"):
-        drawn.logprob_gap = behaviour_gap(s.trainer, drawn.sampled(), s.sampling, s.cfg.trainer.updates_per_iteration)
+        drawn.logprob_gap = behaviour_gap(s.trainer, drawn.sampled(), s.sampling, share)
+        # the tokens sampled after weights taken in flight: by the policy the trainer holds now
+        if drawn.in_flight and (newer := drawn.sampled(drawn.version + 1)):
+            drawn.in_flight_logprob_gap = sampled_gap(s.trainer, newer[::share], s.sampling)
     check_logprob_gap(drawn.iteration, drawn.logprob_gap, bound, "the batch drawn ahead, against the policy that "
                       "sampled it", origin)
+    if drawn.in_flight_logprob_gap is not None:
+        check_logprob_gap(drawn.iteration, drawn.in_flight_logprob_gap, bound, "the batch drawn ahead, its tokens "
+                          "sampled after the weights taken in flight, against that policy", origin)
+
+
+def drain_ahead(s: Session, run, scheduler: RolloutScheduler, iteration: int, bound: float, origin: str) -> None:
+    """Finish the batch drawn ahead: before the engines' weights change, or (weights taken in flight) before a
+    checkpoint saves it; checked now when a checkpoint is due (the snapshot it is checked on is not saved)."""
+    with run.phase(iteration, "drain"):
+        ahead = scheduler.drain()
+    if ahead is not None and checkpoint_due(s.cfg, iteration):
+        check_behaviour(s, run, ahead, iteration, bound, origin)
 
 
 def sampling_seed(seed: int, iteration: int) -> int:
     return (seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
 
 
-def rollout(s: Session, problems: list[Problem], seed: int, version: int) -> Rollout:
-    """The iteration's samples: one completion per sample, or with `agent:` multi-turn trajectories (whose
-    tokens carry `version`, the policy the engines serve) with the agent's metrics."""
+def rollout(s: Session, problems: list[Problem], seed: int, version: int, in_flight: InFlight | None = None,
+            opened=None) -> Rollout:
+    """The iteration's samples: one completion per sample (`in_flight`: taking the next weights when published,
+    rollout/in_flight.py), or with `agent:` multi-turn trajectories (whose tokens carry `version`, the policy the
+    engines serve) with the agent's metrics."""
     r = s.cfg.rollout
     if s.agent is None:
-        return Rollout(s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling, seed))
+        return Rollout(s.rollout.generate(problems, r.n_samples, r.max_new_tokens, s.sampling, seed, in_flight,
+                                          opened))
     return s.agent.rollout(engine_turns(s.rollout, s.sampling), problems, r.n_samples, seed, version)
 
 
@@ -111,9 +133,10 @@ def partial_rollout(s: Session, problems: list[Problem], carried: list[OpenGroup
         decode=lambda ids: s.task.renderer.tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup]) -> Drawn:
+def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup], opened=None) -> Drawn:
     """Iteration `iteration`'s batch, sampled by the engines, which serve policy `version`; with partial rollouts,
-    the groups ended now of those `carried` over and of the new ones, the others set aside."""
+    the groups ended now of those `carried` over and of the new ones, the others set aside. `opened` (a batch
+    drawn ahead with weights taken in flight): set once the engines will hand the next sync to this draw."""
     r = s.cfg.rollout
     problems, rendering = s.task.rendered_problems(s.cfg.seed, iteration, r.prompts_per_iteration)
     if not problems:
@@ -121,8 +144,12 @@ def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup]) -> 
                            f"rollout.max_prompt_tokens = {r.max_prompt_tokens} and were skipped")
     started, t0, seed = time.time(), time.perf_counter(), sampling_seed(s.cfg.seed, iteration)
     if not r.partial_rollout:
-        rolled = rollout(s, problems, seed, version)
-        return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0)
+        # in flight, the engines may wait for the weights through every trainer call before the publish (ahead
+        # check, pi_old, reference, train, publish), each within the trainer's timeout
+        switch = None if opened is None else InFlight(version, version + 1, r.in_flight_step, 5 * s.trainer.timeout)
+        rolled = rollout(s, problems, seed, version, switch, opened)
+        return Drawn(iteration, problems, rendering, rolled, version, started, time.perf_counter() - t0,
+                     in_flight=switch is not None)
     part = partial_rollout(s, problems, carried, seed, version, last=iteration == s.cfg.iterations)
     return Drawn(iteration, part.problems, rendering, Rollout(part.samples, part.metrics, part.parts), version,
                  started, time.perf_counter() - t0, set_aside=part.set_aside)
@@ -130,8 +157,10 @@ def draw(s: Session, iteration: int, version: int, carried: list[OpenGroup]) -> 
 
 def run_iterations(s: Session) -> None:
     cfg, run, r, t = s.cfg, s.run, s.cfg.rollout, s.cfg.trainer
-    scheduler = RolloutScheduler(lambda it, version, carried: draw(s, it, version, carried), r.max_staleness,
-                                 s.start_iteration, cfg.iterations)
+    in_flight = r.weight_update == "in_flight"
+    scheduler = RolloutScheduler(lambda it, version, carried, opened=None: draw(s, it, version, carried, opened),
+                                 r.max_staleness, s.start_iteration, cfg.iterations, in_flight,
+                                 s.rollout.release_in_flight if in_flight else None)
     scheduler.load_ahead(run.latest_checkpoint() if s.start_iteration else None)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress, scheduler:
@@ -185,16 +214,15 @@ def run_iterations(s: Session) -> None:
             with run.phase(it, "publish") as rec:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
-            if scheduler.max_staleness:
-                with run.phase(it, "drain"):  # the batch drawn ahead finishes on the weights it started on
-                    ahead = scheduler.drain()
-                if ahead is not None and checkpoint_due(cfg, it):  # the snapshot it is checked on is not saved
-                    check_behaviour(s, run, ahead, it, gap_bound, bound_origin)
+            if scheduler.max_staleness and not in_flight:  # the batch drawn ahead ends on the weights it began on
+                drain_ahead(s, run, scheduler, it, gap_bound, bound_origin)
             with run.phase(it, "sync") as rec:
                 progress.update(bar, description=f"{cfg.name} · sync ({r.sync_mode})")
-                delivery, rec["parts"] = s.sync(manifest)
+                delivery, rec["parts"] = s.sync(manifest)  # in flight: taken by the batch being drawn ahead
                 rec["bytes"] = manifest.nbytes
             scheduler.synced(it)
+            if in_flight and checkpoint_due(cfg, it):  # the checkpoint saves the batch drawn ahead: finished first
+                drain_ahead(s, run, scheduler, it, gap_bound, bound_origin)
             probe = {}
             if probe_due(r.probe_interval, it):
                 with run.phase(it, "probe"):

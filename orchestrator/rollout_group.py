@@ -6,6 +6,7 @@ loaded, and the call it was serving runs again there; at most `max_engine_restar
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from ckpt_transfer.manifest import Manifest
 from orchestrator.cluster import kill_workers
 from rollout.config import EngineConfig
 from rollout.engine_proc import wait_gone
+from rollout.in_flight import InFlight
 from rollout.samples import Samples
 from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
@@ -41,10 +43,12 @@ class RolloutGroup:
         # On GPUs an engine's actor holds its TP degree's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it and the TP
         # workers vLLM starts from it); on CPU the phases take turns on the host's cores
         gpus = {"num_gpus": cfg.tp} if cfg.device == "cuda" else {}
-        self._actor = ray.remote(num_cpus=0, max_concurrency=2, **gpus)(RolloutEngine)
+        # concurrent calls: a generate, a sync handing it weights in flight, and info / engine_pid while they run
+        self._actor = ray.remote(num_cpus=0, max_concurrency=3, **gpus)(RolloutEngine)
         self._engine_args = dict(dtype=dtype, seed=seed, deterministic=deterministic)
         self._model_dirs = list(model_dirs)
         self._loaded: list[Manifest | None] = [None] * len(model_dirs)  # the iteration each engine serves
+        self._replacing = threading.Lock()
         self.engines = [self._launch(i) for i in range(len(model_dirs))]
 
     def _launch(self, i: int):
@@ -62,15 +66,22 @@ class RolloutGroup:
             raise
 
     def generate(self, problems: list[Problem], n_samples: int, max_new_tokens: int, sampling: TokenDistribution,
-                 seed: int) -> Samples:
-        """The problems split across engines, `n_samples` completions each, drawn from `sampling`."""
+                 seed: int, in_flight: InFlight | None = None, opened: threading.Event | None = None) -> Samples:
+        """The problems split across engines, `n_samples` completions each, drawn from `sampling`. `in_flight`:
+        each engine takes the weights of a `sync` to its version between two decode steps (the call may then
+        last as long as the train step that publishes them, up to in_flight.wait_s more); `opened` is set once
+        every engine will hand such a sync to this call, before the call starts."""
+        if in_flight is not None:
+            ray.get([e.open_in_flight.remote(in_flight) for e in self.engines], timeout=self.timeout)
+        if opened is not None:
+            opened.set()
         k = len(self.engines)
         bounds = [len(problems) * i // k for i in range(k + 1)]
         parts = {i: (lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
         done = self._on_engines({
             i: (lambda e, lo=lo, hi=hi: self._generate(e, problems[lo:hi], n_samples, max_new_tokens, sampling,
-                                                       seed + lo))
-            for i, (lo, hi) in parts.items()})
+                                                       seed + lo, in_flight))
+            for i, (lo, hi) in parts.items()}, extra_timeout_s=in_flight.wait_s if in_flight else 0.0)
         out = Samples()
         for i, (lo, _) in parts.items():
             for s in done[i].items:
@@ -96,21 +107,32 @@ class RolloutGroup:
         self._loaded = list(manifests)
         return [done[i] for i in range(len(self.engines))]
 
-    def _generate(self, engine, problems: list[Problem], n_samples: int, max_new_tokens: int,
-                  sampling: TokenDistribution, seed: int):
-        return engine.generate.remote(problems, n_samples, max_new_tokens, sampling.temperature, seed,
-                                      sampling.top_p, sampling.top_k, self.stop, self.stop_token_ids)
+    def release_in_flight(self) -> None:
+        """Engines waiting for in-flight weights go on without them (the run is stopping)."""
+        for e in self.engines:
+            try:
+                ray.get(e.release_in_flight.remote(), timeout=10)
+            except Exception:  # dead or hung: its call fails on its own
+                pass
 
-    def _on_engines(self, calls: dict[int, Callable[[Any], ray.ObjectRef]]) -> dict[int, Any]:
+    def _generate(self, engine, problems: list[Problem], n_samples: int, max_new_tokens: int,
+                  sampling: TokenDistribution, seed: int, in_flight: InFlight | None = None):
+        return engine.generate.remote(problems, n_samples, max_new_tokens, sampling.temperature, seed,
+                                      sampling.top_p, sampling.top_k, self.stop, self.stop_token_ids, in_flight)
+
+    def _on_engines(self, calls: dict[int, Callable[[Any], ray.ObjectRef]], extra_timeout_s: float = 0.0
+                    ) -> dict[int, Any]:
         """Run calls[i] on engine i, all at once, and gather the results. An engine whose actor died or that
-        did not answer in time is replaced (on the iteration it had loaded) and its call made again."""
-        pending = {i: call(self.engines[i]) for i, call in calls.items()}
+        did not answer in time (engine_call_timeout_s, plus `extra_timeout_s`) is replaced (on the iteration it
+        had loaded) and its call made again."""
+        handles = {i: self.engines[i] for i in calls}
+        pending = {i: call(handles[i]) for i, call in calls.items()}
         replaced = dict.fromkeys(calls, 0)
         results: dict[int, Any] = {}
         while pending:
             i, ref = next(iter(pending.items()))
             # a replaced engine's call waits for its start as well
-            timeout = self.cfg.engine_call_timeout_s + (self.timeout if replaced[i] else 0.0)
+            timeout = self.cfg.engine_call_timeout_s + extra_timeout_s + (self.timeout if replaced[i] else 0.0)
             try:
                 results[i] = ray.get(ref, timeout=timeout)
                 del pending[i]
@@ -121,8 +143,11 @@ class RolloutGroup:
                     raise RuntimeError(f"rollout engine {i} {what}, {replaced[i] + 1} times during one call "
                                        f"(max_engine_restarts={self.cfg.max_engine_restarts}): {e}") from e
                 replaced[i] += 1
-                self._replace(i, what)
-                pending[i] = calls[i](self.engines[i])
+                with self._replacing:  # a draw taking weights in flight and the sync can both find it dead
+                    if self.engines[i] is handles[i]:
+                        self._replace(i, what)
+                    handles[i] = self.engines[i]
+                pending[i] = calls[i](handles[i])
         return results
 
     def _replace(self, i: int, what: str) -> None:

@@ -16,12 +16,19 @@ t - 1 - (the version that sampled it).
   (`Drawn.set_aside`) and continued when the next batch is drawn, for at most k samplings in all: its first
   tokens are then k updates old when trained, never more.
 
-The schedule is a function of the config and the iteration, never of timing; the batch drawn ahead is saved with
+With `rollout.weight_update: in_flight` (max_staleness 1) the engines take the weights a train step publishes while
+they draw the next batch between two of its decode steps (rollout/in_flight.py): that batch's first tokens are
+sampled by the policy one update before the one that trains on it, those after the switch by that very policy.
+The batch is not drained before the sync; it is finished when it is taken, or before a checkpoint that saves it.
+
+The schedule is a function of the config and the iteration, never of timing (in flight: with
+rollout.in_flight_step); the batch drawn ahead is saved with
 each checkpoint (`save_ahead` / `load_ahead`), so that a resumed run trains on the very batch the uninterrupted run
 trained on (`deterministic: true`: exactly)."""
 from __future__ import annotations
 
 import pickle
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,14 +60,18 @@ class Drawn:
     # partial rollouts: the groups whose generations had not all ended (partial_rollouts.OpenGroup), continued
     # when the next batch is drawn
     set_aside: list = field(default_factory=list)
+    # weights taken in flight: the engines switched to version + 1 during the drawing (its later tokens), and the
+    # mean |engine - trainer| log-prob of those tokens, the trainer on that policy
+    in_flight: bool = False
+    in_flight_logprob_gap: float | None = None
 
     def staleness(self) -> int:
         return self.iteration - 1 - self.version
 
-    def sampled(self) -> list[Sample]:
-        """What this drawing sampled (by `version`): its batch's tokens, and with partial rollouts those of the
-        generations it set aside, each sample's loss mask narrowed to them."""
-        return sampled_in(self.rolled.samples, self.set_aside, self.version)
+    def sampled(self, version: int | None = None) -> list[Sample]:
+        """What this drawing sampled by `version` (default: the one it started on): its batch's tokens, and with
+        partial rollouts those of the generations it set aside, each sample's loss mask narrowed to them."""
+        return sampled_in(self.rolled.samples, self.set_aside, self.version if version is None else version)
 
 
 class RolloutScheduler:
@@ -69,11 +80,15 @@ class RolloutScheduler:
     asks for each iteration's batch (`take`), lets the next one be drawn ahead while it trains (`ahead`), and
     has the engines finish it before their weights change (`drain`, then `synced`)."""
 
-    def __init__(self, draw: Callable[[int, int, list], Drawn], max_staleness: int, served_version: int,
-                 last_iteration: int) -> None:
+    def __init__(self, draw: Callable[..., Drawn], max_staleness: int, served_version: int, last_iteration: int,
+                 in_flight: bool = False, release: Callable[[], None] | None = None) -> None:
+        """`in_flight`: batches drawn ahead take the next weights in flight; their draw is called with a
+        threading.Event as a fourth argument, to set once the engines hand such a sync to it (`ahead` waits for
+        that). `release`: ends the engines' waits for such weights (called when the scheduler closes)."""
         if max_staleness < 0:
             raise ValueError(f"rollout.max_staleness {max_staleness}: 0 (lockstep) or more")
         self._draw, self.max_staleness, self.served = draw, max_staleness, served_version
+        self.in_flight, self._release = in_flight, release
         self._carried: list = []  # what the last batch drawn set aside
         self.last_iteration = last_iteration
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tide-rollout-ahead") if max_staleness else None
@@ -95,7 +110,14 @@ class RolloutScheduler:
         nxt = iteration + 1
         if self._pool is None or nxt > self.last_iteration or self._ahead or self._ready:
             return
-        self._ahead = self._pool.submit(self._draw, nxt, self.served, self._carried)
+        if not self.in_flight:
+            self._ahead = self._pool.submit(self._draw, nxt, self.served, self._carried)
+            return
+        # the next sync must find the engines ready to hand it to this draw, whichever thread runs first
+        opened = threading.Event()
+        self._ahead = self._pool.submit(self._draw, nxt, self.served, self._carried, opened)
+        self._ahead.add_done_callback(lambda _: opened.set())
+        opened.wait()
 
     @property
     def drawing(self) -> bool:
@@ -112,7 +134,7 @@ class RolloutScheduler:
         return self._ready
 
     def synced(self, version: int) -> None:
-        if self._ahead is not None:
+        if self._ahead is not None and not self.in_flight:
             raise RuntimeError("the engines' weights changed while a batch was being drawn: drain first")
         self.served = version
 
@@ -139,6 +161,8 @@ class RolloutScheduler:
             return
         try:
             if self._ahead is not None:
+                if self._release is not None:  # a draw waiting for weights that will not come now
+                    self._release()
                 self._ahead.exception()
         finally:
             self._pool.shutdown(wait=True)

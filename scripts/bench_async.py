@@ -20,7 +20,10 @@ Repeat i runs every variant with seed 1 + i.
 Variants: lockstep; max_staleness 1 disaggregated and colocated, each with pi_old recomputed (`one_step_*`) and
 interpolated in the train step (`loglinear_*`, rollout.proximal); max_staleness 2 with partial rollouts (a
 generation gets half its token budget per sampling and is continued in the next), disaggregated; lockstep
-disaggregated.
+disaggregated; max_staleness 1 with the weights taken in flight as soon as published (`in_flight_disaggregated`:
+rollout.weight_update in_flight, PipelineRL's way, which timing decides, so with deterministic false, the only
+variant that differs from lockstep there: prefix caching on, torch's deterministic algorithms off), its share of
+tokens sampled by the training policy itself reported beside it.
 Goals (issue 34): samples/s of max_staleness 1 (disaggregated; a goal per proximal) >= 1.3x lockstep's on the
 long-tail and the tool-heavy jobs, and of max_staleness 2 with partial rollouts on the long-tail job; reward
 gain (mean reward of the last 10 iterations minus the first 10) at equal samples >= 0.9x lockstep's on the
@@ -71,11 +74,15 @@ ONE_STEP = ["rollout.max_staleness=1", "rollout.mismatch_correction=tis"]
 PARTIAL = ["rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.mismatch_correction=tis"]
 DISAGGREGATED = ["placement.mode=disaggregated"]
 LOGLINEAR = ["rollout.proximal=loglinear"]  # pi_old interpolated in the train step, not recomputed
+# the weights taken as soon as published: where the switch lands depends on timing (deterministic runs need a fixed
+# rollout.in_flight_step, where the engines would wait for the train step)
+IN_FLIGHT = ["rollout.weight_update=in_flight", "deterministic=false"]
 VARIANTS = {  # name -> overrides; "lockstep" is every row's baseline
     "lockstep": [],
     "one_step_disaggregated": ONE_STEP + DISAGGREGATED,
     "loglinear_disaggregated": ONE_STEP + LOGLINEAR + DISAGGREGATED,
     "partial_disaggregated": PARTIAL + DISAGGREGATED,
+    "in_flight_disaggregated": ONE_STEP + IN_FLIGHT + DISAGGREGATED,
     "one_step_colocated": ONE_STEP,
     "loglinear_colocated": ONE_STEP + LOGLINEAR,
     "lockstep_disaggregated": DISAGGREGATED,
@@ -89,7 +96,8 @@ JOBS = {  # name -> (config, overrides, iterations in full mode, in quick mode)
     "quickstart": ("quickstart.yaml", [], 70, 10),
 }
 QUICK_VARIANTS = ("lockstep", "one_step_disaggregated")
-NOT_WITH = {("tool_heavy", "partial_disaggregated")}  # partial rollouts of multi-turn trajectories: not built
+# not built: partial rollouts of multi-turn trajectories, weights taken in flight by them
+NOT_WITH = {("tool_heavy", "partial_disaggregated"), ("tool_heavy", "in_flight_disaggregated")}
 LATENCY_JOB, LATENCY_ITERATIONS, LATENCY_TARGET = "update_latency", 6, 2.0  # latency <= 2x the copy floor
 # bench_e2e's ~100M job against TRL's GRPOTrainer: TRL / tide RL-iteration time >= 1.3 (tide as users run it)
 TRL_JOB, TRL_ITERATIONS, TRL_TARGET = "trl_100m", 6, 1.3
@@ -138,6 +146,9 @@ def run_once(job: str, variant: str, iterations: int, seed: int, work: Path) -> 
            "completion_len_max": max(m["completion_len_max"] for m in metrics),
            "clipped_ratio": statistics.fmean(m["clipped_ratio"] for m in metrics),
            "staleness_max": max(m.get("staleness_token_max", m.get("staleness", 0)) for m in metrics),
+           # weights taken in flight: the share of trained tokens sampled by the policy that trained them
+           "fresh_token_share": statistics.mean(m.get("staleness_tokens_0", float(not m.get("staleness", 0)))
+                                                for m in metrics if m["iteration"] in steady),
            "partial_share": statistics.fmean(m.get("partial_share", 0.0) for m in metrics),
            "phases": bound(samples, CORES)["phases"] if variant == "lockstep" else None}
     # wall >= CPU seconds / cores: the speed-up this run could still reach doing the same CPU work on idle cores
@@ -284,7 +295,8 @@ def main() -> None:
         row = report.add(f"{job}: {variant}", variant, "lockstep", "samples per second",
                          [r["samples_per_s"] for r in rs], [r["samples_per_s"] for r in base],
                          cores_contender=[r["cores"] for r in rs], cores_baseline=[r["cores"] for r in base],
-                         staleness_max=max(r["staleness_max"] for r in rs))
+                         staleness_max=max(r["staleness_max"] for r in rs),
+                         fresh_token_share=[r["fresh_token_share"] for r in rs])
         report.add(f"{job}: {variant}, tokens", variant, "lockstep", "completion tokens trained per second",
                    [r["tokens_per_s"] for r in rs], [r["tokens_per_s"] for r in base],
                    completion_len_steady_contender=[r["completion_len_steady"] for r in rs],

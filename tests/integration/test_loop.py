@@ -258,6 +258,24 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
         "parameter_digests"]
 
 
+def _killed_after_its_checkpoint_resumes_as_whole(cfg: Path, tmp_path: Path) -> None:
+    """A run of `cfg` SIGKILLed with its process group once it starts iteration 3 (its iteration-2 checkpoint,
+    which holds the batch drawn ahead, is complete then) resumes to the metrics, samples and parameters of the
+    uninterrupted run in tmp_path / "whole"."""
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait_for_iteration(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    resumed = _tide("resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert (run_dir / name).read_text() == (tmp_path / "whole" / name).read_text(), name
+    assert json.loads((run_dir / "final.json").read_text())["parameter_digests"] == json.loads(
+        (tmp_path / "whole" / "final.json").read_text())["parameter_digests"]
+
+
 # max_staleness 2 with partial rollouts: a generation gets 2 of its 4 tokens per sampling and is continued in the
 # next one, under the weights the engines serve then; grpo's pi_old interpolated per token by its version in the
 # train step
@@ -290,18 +308,37 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     assert not any(t["phase"] == "old_logprobs" for t in read_jsonl(tmp_path / "whole" / "timings.jsonl"))
     assert all(m["is_weight_mean"] != 1.0 for m in metrics[1:]), metrics
 
-    run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait_for_iteration(proc, run_dir, 3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    resumed = _tide("resume", run_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert (run_dir / "metrics.jsonl").read_text() == (tmp_path / "whole" / "metrics.jsonl").read_text()
-    assert (run_dir / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
-    assert json.loads((run_dir / "final.json").read_text())["parameter_digests"] == json.loads(
-        (tmp_path / "whole" / "final.json").read_text())["parameter_digests"]
+    _killed_after_its_checkpoint_resumes_as_whole(cfg, tmp_path)
+
+
+# rollout.weight_update in_flight (PipelineRL): the batch drawn ahead takes the weights of the train step it
+# overlaps between its 2nd and 3rd decode steps, waiting for them there (in_flight_step: a fixed schedule)
+IN_FLIGHT = {**ASYNC, "rollout__weight_update": "in_flight", "rollout__in_flight_step": 2}
+
+
+def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp_path, address):
+    """Each batch after the first starts on the policy one update before the one that trains it and takes that
+    policy in flight: its first 2 tokens per generation are one update old, the others are sampled by the
+    training policy itself, and each group matches its own policy's log-probs (the snapshot's, and the
+    trainer's current ones: the KV recomputed at the switch). Drained only for a checkpoint; a run SIGKILLed
+    after its iteration-2 checkpoint resumes to the uninterrupted run's metrics, samples and parameters."""
+    from orchestrator.rundir import read_jsonl
+
+    cfg = _write(tmp_path, _config("in_flight", address, **IN_FLIGHT))
+    whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    metrics = _metrics(tmp_path / "whole")
+    assert [(m["staleness"], m["behaviour_version"]) for m in metrics] == [(0, 0), (1, 0), (1, 1), (1, 2)]
+    assert "staleness_tokens_0" not in metrics[0]
+    for m in metrics[1:]:
+        # at most 4 tokens, 2 before the switch: at most half are fresh; more than a quarter, or it came later
+        assert m["staleness_token_max"] == 1 and 0.25 < m["staleness_tokens_0"] <= 0.5, m
+        assert 0 < m["logprob_gap"] <= FP32_GAP and 0 < m["in_flight_logprob_gap"] <= FP32_GAP, m
+        assert m["stale_logprob_gap"] > 100 * FP32_GAP and m["stale_masked_tokens"] == 0, m
+    timings = read_jsonl(tmp_path / "whole" / "timings.jsonl")
+    assert [t["iteration"] for t in timings if t["phase"] == "drain"] == [2, 4]  # the checkpoints' only
+
+    _killed_after_its_checkpoint_resumes_as_whole(cfg, tmp_path)
 
 
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32

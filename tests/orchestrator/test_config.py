@@ -225,6 +225,25 @@ def test_partial_rollouts_and_a_bound_above_one_go_together():
     assert r.engine_config(10).max_num_seqs == max(256, r.prompts_per_iteration * r.n_samples * 3)
 
 
+def test_weights_in_flight_are_refused_where_they_cannot_be_taken():
+    tis = {"max_staleness": 1, "mismatch_correction": "tis", "weight_update": "in_flight"}
+    r = parse_config({**_base(), "rollout": {**tis, "in_flight_step": 3}}).rollout
+    assert (r.weight_update, r.in_flight_step) == ("in_flight", 3)
+    with pytest.raises(ConfigError, match="needs max_staleness 1 .it is 0.: weights change during a batch drawn "
+                                          "ahead only; sync_mode reload"):
+        parse_config({**_base(), "rollout": {**tis, "max_staleness": 0, "in_flight_step": 3, "sync_mode": "restart"}})
+    with pytest.raises(ConfigError, match="needs engine_process inline"):
+        parse_config({**_base(), "rollout": {**tis, "in_flight_step": 3, "engine_process": "separate"}})
+    with pytest.raises(ConfigError, match="in_flight with deterministic true needs rollout.in_flight_step"):
+        parse_config({**_base(), "rollout": tis})
+    assert parse_config({**_base(), "deterministic": False, "rollout": tis}).rollout.in_flight_step is None
+    with pytest.raises(ConfigError, match="in_flight_step applies to weight_update in_flight only"):
+        parse_config({**_base(), "rollout": {"in_flight_step": 3}})
+    with pytest.raises(ConfigError, match="in_flight with `agent:` is not built"):
+        parse_config({**_base(), "task": {"name": "guess"}, "agent": {"environment": "guess"},
+                      "rollout": {**tis, "in_flight_step": 3}})
+
+
 def test_placement_is_refused_where_it_cannot_be_made():
     cuda = {"trainer": {"device": "cuda", "backend": "nccl"}}
     with pytest.raises(ConfigError, match="placement.mode colocated: engines and trainer ranks sharing GPUs is not "

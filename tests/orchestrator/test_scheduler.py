@@ -131,6 +131,31 @@ def test_each_drawing_continues_what_the_one_before_set_aside_also_across_a_chec
     assert first.carried + second.carried == [[], ["open@1"], ["open@2"], ["open@3"]]
 
 
+def test_weights_taken_in_flight_change_under_the_batch_being_drawn_once_its_draw_is_ready_for_them():
+    """rollout.weight_update in_flight: `ahead` returns once the draw has readied the engines for the next sync
+    (its fourth argument), the sync lands while the batch is still being drawn, and closing the scheduler
+    releases a draw still waiting for weights."""
+    order = []
+
+    def draw(iteration, version, carried, opened=None):
+        order.append(("draw", iteration, version, opened is not None))
+        opened.set()
+        waiting.wait(10)
+        return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0, in_flight=True)
+
+    waiting = threading.Event()
+    with RolloutScheduler(draw, 1, 0, 3, in_flight=True, release=waiting.set) as scheduler:
+        scheduler.ahead(1)
+        assert order == [("draw", 2, 0, True)] and scheduler.drawing
+        scheduler.synced(1)  # no drain first: the batch takes policy 1 while it is drawn
+        waiting.set()
+        assert scheduler.take(2).version == 0 and scheduler.served == 1
+        waiting.clear()
+        scheduler.ahead(2)
+    assert waiting.is_set()  # released by close, or the with-block would have waited 10 s for the draw
+    assert order[-1] == ("draw", 3, 1, True)
+
+
 def test_a_negative_bound_is_refused():
     with pytest.raises(ValueError, match="max_staleness -1: 0 .lockstep. or more"):
         RolloutScheduler(Engines().draw, -1, 0, 3)
