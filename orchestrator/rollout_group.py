@@ -71,13 +71,13 @@ class RolloutGroup:
         each engine takes the weights of a `sync` to its version between two decode steps (the call may then
         last as long as the train step that publishes them, up to in_flight.wait_s more); `opened` is set once
         every engine will hand such a sync to this call, before the call starts."""
-        if in_flight is not None:
-            ray.get([e.open_in_flight.remote(in_flight) for e in self.engines], timeout=self.timeout)
-        if opened is not None:
-            opened.set()
         k = len(self.engines)
         bounds = [len(problems) * i // k for i in range(k + 1)]
         parts = {i: (lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
+        if in_flight is not None:  # only where a generate follows: an engine left out hands its sync to none
+            ray.get([self.engines[i].open_in_flight.remote(in_flight) for i in parts], timeout=self.timeout)
+        if opened is not None:
+            opened.set()
         done = self._on_engines({
             i: (lambda e, lo=lo, hi=hi: self._generate(e, problems[lo:hi], n_samples, max_new_tokens, sampling,
                                                        seed + lo, in_flight))

@@ -11,7 +11,6 @@ that serves the engine's `sync` to the engine thread that runs the generate."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,9 +83,8 @@ class WeightSlot:
         switch's wait_s ran out: TimeoutError)."""
         with self._cond:
             if wait:
-                deadline = time.monotonic() + self.switch.wait_s
                 if not self._cond.wait_for(lambda: self._offered is not None or self._released,
-                                           max(0.0, deadline - time.monotonic())):
+                                           self.switch.wait_s):
                     raise TimeoutError(f"the weights of version {self.switch.to_version} were not published within "
                                        f"{self.switch.wait_s:g} s of decode step {self.switch.at_step}")
             return self._offered
