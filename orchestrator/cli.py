@@ -78,10 +78,13 @@ def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
             run.config_file.write_text(dump_config(cfg))
             run_jax(cfg, run, resume)
             return
-        from orchestrator.loop import run_iterations
-        from orchestrator.session import Session
+        from rollout.engine_proc import gc_paused
 
-        session, interrupted = Session.open(cfg, run, resume), False
+        with gc_paused():  # the start: imports, actors, warm start
+            from orchestrator.loop import run_iterations
+            from orchestrator.session import Session
+
+            session, interrupted = Session.open(cfg, run, resume), False
         try:
             run_iterations(session)
         except KeyboardInterrupt:

@@ -12,7 +12,7 @@ import ray
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from orchestrator.config import ConfigError
-from rollout.engine_proc import pin_threads
+from rollout.engine_proc import gc_paused, pin_threads
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
@@ -29,9 +29,10 @@ class _Rank:
               cpus: tuple[int, ...] | None = None) -> bool:
         """`threads`: torch's intra-op threads (CPU ranks sharing a node's cores); `cpus`: the cores this process
         is bound to (placement.mode disaggregated on CPU), None: any."""
-        import torch
+        with gc_paused():
+            import torch
 
-        from trainer.megatron.worker import MegatronWorker
+            from trainer.megatron.worker import MegatronWorker
 
         if getattr(self, "worker", None) is not None:
             raise RuntimeError("this rank holds a worker already: release() it first")
@@ -40,7 +41,8 @@ class _Rank:
         pin_threads(cpus or self._any_cpu)  # a pooled process may have been bound by its last group
         if threads:
             torch.set_num_threads(threads)
-        self.worker = MegatronWorker(spec, rank, world, addr, port)
+        with gc_paused():
+            self.worker = MegatronWorker(spec, rank, world, addr, port)
         gc.collect()
         gc.freeze()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
         return True

@@ -39,8 +39,8 @@ from ckpt_transfer.verify import (
 
 from . import routing_capture
 from .config import EngineConfig
-from .engine_proc import (DeathWatch, engine_segments, pin_threads, process_tree, remove_segments, sweep_private_dirs,
-                          wait_gone)
+from .engine_proc import (DeathWatch, engine_segments, gc_paused, pin_threads, process_tree, remove_segments,
+                          sweep_private_dirs, wait_gone)
 from .in_flight import InFlight, Offered, WeightSlot, token_versions
 from .samples import Sample, Samples
 from .tasks.base import Problem
@@ -522,6 +522,10 @@ class RolloutEngine:
 
     @_on_engine_thread
     def _start(self, path: Path) -> None:
+        with gc_paused():
+            self._start_llm(path)
+
+    def _start_llm(self, path: Path) -> None:
         from vllm import LLM
 
         t0 = time.monotonic()
