@@ -75,6 +75,34 @@ def pytest_sessionfinish(session):
 
 
 @pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """`built_once(name, build)`: `build(path)` run once per test session for both xdist workers (`-n 2`, the
+    README's test command) into a shared directory, returned to each: the first worker to ask builds it under a
+    lock, the other waits and reads it. A module-scoped fixture alone is built by each worker that runs one of the
+    module's tests (worksteal spreads them). A failed build is retried by the next to ask. Only for results that
+    tests read and never change."""
+    import shutil
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    base = Path(tmp_path_factory.getbasetemp())
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, above each worker's
+
+    def get(name: str, build) -> Path:
+        path, done = root / name, root / f"{name}.built"
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(path, ignore_errors=True)  # a build that failed half-way
+                path.mkdir()
+                build(path)
+                done.touch()
+        return path
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A fresh local Ray cluster for the whole session (never joins another one); yields {"address": gcs}."""
     import ray

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,13 +69,15 @@ REF = {"trainer__kl": {"coef": 0.05, "estimator": "k3"},
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory, address):
-    """An uninterrupted 4-iteration run in reload mode (shared by the loop and resume tests)."""
-    tmp = tmp_path_factory.mktemp("ref")
-    cfg = _write(tmp, _config("ref", address, **REF))
-    proc = _tide("run", cfg, "--run-dir", tmp / "run")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return tmp / "run"
+def reference_run(built_once, address):
+    """An uninterrupted 4-iteration run in reload mode (shared by the loop, resume and export tests, which only
+    read it; run once for both test workers)."""
+
+    def run(tmp: Path) -> None:
+        proc = _tide("run", _write(tmp, _config("ref", address, **REF)), "--run-dir", tmp / "run")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    return built_once("reference_run", run) / "run"
 
 
 def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_run):
@@ -258,22 +261,22 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
         "parameter_digests"]
 
 
-def _killed_after_its_checkpoint_resumes_as_whole(cfg: Path, tmp_path: Path) -> None:
-    """A run of `cfg` SIGKILLed with its process group once it starts iteration 3 (its iteration-2 checkpoint,
-    which holds the batch drawn ahead, is complete then) resumes to the metrics, samples and parameters of the
-    uninterrupted run in tmp_path / "whole"."""
-    run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait_for_iteration(proc, run_dir, 3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+def _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path: Path) -> None:
+    """The uninterrupted run in tmp_path / "whole", cut back to its iteration-2 checkpoint (which holds the batch
+    drawn ahead) as a run killed during iteration 3 or 4 is, resumes to the whole run's metrics, samples and
+    parameters. Killing the driver and its process group mid-run: test_stopped_anywhere_then_resumed_matches_
+    uninterrupted and test_one_step_overlap_keeps_its_staleness_and_resumes_exactly."""
+    whole, run_dir = tmp_path / "whole", tmp_path / "cut"
+    shutil.copytree(whole, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
+    (run_dir / "final.json").unlink()
+    assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
     resumed = _tide("resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     for name in ("metrics.jsonl", "samples.jsonl"):
-        assert (run_dir / name).read_text() == (tmp_path / "whole" / name).read_text(), name
+        assert (run_dir / name).read_text() == (whole / name).read_text(), name
     assert json.loads((run_dir / "final.json").read_text())["parameter_digests"] == json.loads(
-        (tmp_path / "whole" / "final.json").read_text())["parameter_digests"]
+        (whole / "final.json").read_text())["parameter_digests"]
 
 
 # max_staleness 2 with partial rollouts: a generation gets 2 of its 4 tokens per sampling and is continued in the
@@ -287,8 +290,8 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     """rollout.partial_rollout with max_staleness 2: generations set aside after 2 tokens are continued in the next
     sampling by the next policy, so trained samples hold tokens of two versions; every sampling's tokens match the
     log-probs of the policy that sampled them (the trainer's snapshot of it), no token is more than 2 updates old
-    when trained (2 reached), and a run SIGKILLed after its iteration-2 checkpoint (which holds batch 3 and the
-    generations it set aside) resumes to the uninterrupted run's metrics, samples and parameters. pi_old is
+    when trained (2 reached), and the run resumed from its iteration-2 checkpoint (which holds batch 3 and the
+    generations it set aside) ends with the uninterrupted run's metrics, samples and parameters. pi_old is
     interpolated in the train step (rollout.proximal loglinear): no recomputation, stale tokens weighed."""
     from orchestrator.rundir import read_jsonl
 
@@ -308,7 +311,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     assert not any(t["phase"] == "old_logprobs" for t in read_jsonl(tmp_path / "whole" / "timings.jsonl"))
     assert all(m["is_weight_mean"] != 1.0 for m in metrics[1:]), metrics
 
-    _killed_after_its_checkpoint_resumes_as_whole(cfg, tmp_path)
+    _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path)
 
 
 # rollout.weight_update in_flight (PipelineRL): the batch drawn ahead takes the weights of the train step it
@@ -320,8 +323,8 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     """Each batch after the first starts on the policy one update before the one that trains it and takes that
     policy in flight: its first 2 tokens per generation are one update old, the others are sampled by the
     training policy itself, and each group matches its own policy's log-probs (the snapshot's, and the
-    trainer's current ones: the KV recomputed at the switch). Drained only for a checkpoint; a run SIGKILLed
-    after its iteration-2 checkpoint resumes to the uninterrupted run's metrics, samples and parameters."""
+    trainer's current ones: the KV recomputed at the switch). Drained only for a checkpoint; the run resumed
+    from its iteration-2 checkpoint ends with the uninterrupted run's metrics, samples and parameters."""
     from orchestrator.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("in_flight", address, **IN_FLIGHT))
@@ -338,7 +341,7 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     timings = read_jsonl(tmp_path / "whole" / "timings.jsonl")
     assert [t["iteration"] for t in timings if t["phase"] == "drain"] == [2, 4]  # the checkpoints' only
 
-    _killed_after_its_checkpoint_resumes_as_whole(cfg, tmp_path)
+    _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path)
 
 
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
@@ -409,8 +412,6 @@ def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address)
             assert m["prompts_skipped"] == 0 and m["prompts_truncated"] == 0
         assert "eval/pass@2" in metrics[1]
     finally:
-        import shutil
-
         shutil.rmtree(shm, ignore_errors=True)
 
 
