@@ -80,11 +80,13 @@ def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
             return
         from rollout.engine_proc import gc_paused
 
-        with gc_paused():  # the start: imports, actors, warm start
+        with gc_paused():
+            from transformers import AutoTokenizer  # noqa: F401  (Session.open's; most of the driver's imports)
+
             from orchestrator.loop import run_iterations
             from orchestrator.session import Session
 
-            session, interrupted = Session.open(cfg, run, resume), False
+        session, interrupted = Session.open(cfg, run, resume), False
         try:
             run_iterations(session)
         except KeyboardInterrupt:
