@@ -72,3 +72,28 @@ def test_pin_threads_binds_every_thread_of_another_process_and_what_it_starts_la
         proc.kill()
         proc.wait()
     pin_threads(cpus, 2**22 + 7)  # no such process: nothing to bind
+
+
+def test_gc_paused_turns_the_collector_off_for_the_block_and_back_on_as_it_was():
+    import gc
+
+    from rollout.engine_proc import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # nested: the inner block leaves it off for the outer one
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ImportError):
+        with gc_paused():
+            raise ImportError("a failed import")
+    assert gc.isenabled()  # back on after a failure too
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
