@@ -39,8 +39,8 @@ from ckpt_transfer.verify import (
 
 from . import routing_capture
 from .config import EngineConfig
-from .engine_proc import (DeathWatch, engine_segments, gc_paused, pin_threads, process_tree, remove_segments,
-                          sweep_private_dirs, wait_gone)
+from .engine_proc import (DeathWatch, engine_segments, freeze_heap, gc_paused, pin_threads, process_tree,
+                          remove_segments, sweep_private_dirs, wait_gone)
 from .in_flight import InFlight, Offered, WeightSlot, token_versions
 from .samples import Sample, Samples
 from .tasks.base import Problem
@@ -528,6 +528,7 @@ class RolloutEngine:
     def _start_llm(self, path: Path) -> None:
         from vllm import LLM
 
+        freeze_heap()
         t0 = time.monotonic()
         base_tmp = Path(tempfile.gettempdir())  # also pins this process's own tempdir before TMPDIR changes
         self._starts += 1
@@ -567,8 +568,7 @@ class RolloutEngine:
         self._routing_shape = self._record_routing(llm)
         # What start-up left on the heap (vLLM, torch, transformers) stays alive for the engine's life; left to
         # the collector, each full collection walks it: 0.4 s, every dozen rollouts of the quickstart.
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
         self.last_start_s = time.monotonic() - t0
         log.info("vLLM engine pid %d on %s started in %.1f s", self._engine_pid(), path, self.last_start_s)
 

@@ -97,3 +97,26 @@ def test_gc_paused_turns_the_collector_off_for_the_block_and_back_on_as_it_was()
         assert not gc.isenabled()  # off before: left off
     finally:
         gc.enable()
+
+
+def test_freeze_heap_frees_the_garbage_first_and_keeps_the_rest_out_of_later_collections():
+    import gc
+    import weakref
+
+    from rollout.engine_proc import freeze_heap
+
+    class Node:
+        pass
+
+    garbage, kept = Node(), Node()
+    garbage.self = garbage  # a cycle only a collection frees
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        freeze_heap()
+        assert gone() is None, "the garbage was frozen instead of freed"
+        assert gc.get_freeze_count() > 0
+        assert not any(o is kept for o in gc.get_objects()), "what is left was not frozen"
+    finally:
+        gc.unfreeze()
+    assert any(o is kept for o in gc.get_objects())
