@@ -249,6 +249,7 @@ class RolloutEngine:
         self.last_start_s = 0.0
         self._closed = False
         self._scratch: Path | None = None  # a merged-TP directory we wrote for the current weights
+        self._rpc_dir: Path | None = None  # where vLLM's ZMQ sockets of this process's engines are (_start_llm)
         self._layout: dict = {}  # tensor names/dtypes/shapes of the weights being served
         self._routing_shape: tuple[int, int] | None = None  # (layers, top_k) while routing is recorded
         self._slot: WeightSlot | None = None  # while a generate takes weights in flight (rollout/in_flight.py)
@@ -535,6 +536,15 @@ class RolloutEngine:
         sweep_private_dirs(base_tmp / "tide-rollout")
         private = base_tmp / "tide-rollout" / f"{os.getpid()}-{self._starts}"
         private.mkdir(parents=True, exist_ok=True)
+        # vLLM's ZMQ sockets between this actor and a separate engine core (uuid-named files that vLLM never
+        # removes, 3 per start, also after a clean shutdown) go into a directory of this process: emptied when an
+        # engine stops, removed at shutdown or, after a kill, by the next engine's sweep. One path for the
+        # process's life, not the start's private directory: vLLM caches its environment once an engine ran here.
+        # A user's own VLLM_RPC_BASE_PATH is kept.
+        rpc = base_tmp / "tide-rollout" / f"{os.getpid()}-rpc"
+        if os.environ.setdefault("VLLM_RPC_BASE_PATH", str(rpc)) == str(rpc):
+            rpc.mkdir(exist_ok=True)
+            self._rpc_dir = rpc
         old_tmp = os.environ.get("TMPDIR")
         # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
         os.environ["TMPDIR"] = str(private)
@@ -640,6 +650,8 @@ class RolloutEngine:
             except ProcessLookupError:
                 pass
         remove_segments(self._segments, self._private_tmp)
+        if self._rpc_dir is not None:  # the stopped engine's sockets; the next start makes its own
+            remove_segments(set(), self._rpc_dir)
         self._segments, self._pids, self._private_tmp, self._watch = set(), [], None, None
 
     @_on_engine_thread

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from rollout_helpers import WEIGHTS, HFReference, max_abs_diff, perturb, publish_like
@@ -119,6 +121,10 @@ def test_separate_engine_process_killed_mid_generate_is_restarted_on_the_same_we
     tree = process_tree(pid)
     segments = engine_segments(tree)
     assert segments, "the engine should hold shared-memory queues"
+    # vLLM's ZMQ sockets to the engine core: in the actor's own directory (<tmp>/tide-rollout/<actor pid>-rpc)
+    rpc_dir = Path(tempfile.gettempdir()) / "tide-rollout" / f"{psutil.Process(pid).ppid()}-rpc"
+    sockets = {p for p in rpc_dir.iterdir() if p.is_socket()}
+    assert sockets, f"no sockets of the engine in {rpc_dir}"
     pending = engine.generate.remote(*args)
     deadline = time.monotonic() + 120
     # The actor runs with max_concurrency=2, so info() answers while generate runs.
@@ -132,6 +138,10 @@ def test_separate_engine_process_killed_mid_generate_is_restarted_on_the_same_we
     assert info["engine_pid"] != pid and info["engine_deaths"] >= 1
     assert not pids_alive(tree)
     assert not [p for p in segments if Path(p).exists()], "the dead engine's shared memory was not removed"
+    assert not [p for p in sockets if p.exists()], "the dead engine's sockets were not removed"
+    assert {p for p in rpc_dir.iterdir() if p.is_socket()}, "the new engine's sockets are elsewhere"
+    get(engine.shutdown.remote())
+    assert not rpc_dir.exists(), "the engine's socket directory outlived its shutdown"
 
 
 def test_damaged_or_unloadable_checkpoint_is_refused_and_old_weights_keep_serving(engine, problems, tiny_model_dir,
