@@ -137,3 +137,22 @@ def test_session_reader_waits_on_descriptors_past_1024():
         for fd in (r, w, pidfd, high_r, high_pid):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_client_threads_use_pools_of_their_own_and_close_closes_them_all():
+    """No connection pool is shared between threads (httpcore may close one thread's connection while handing it
+    to another's request); within a thread, one pool is reused."""
+    import threading
+
+    from sandbox.client import SandboxClient
+
+    client = SandboxClient("http://127.0.0.1:9")
+    mine = client._http
+    assert client._http is mine
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(client._http))
+    t.start()
+    t.join()
+    assert theirs[0] is not mine and theirs[0]._transport is not mine._transport
+    client.close()
+    assert mine.is_closed and theirs[0].is_closed
