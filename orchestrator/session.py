@@ -36,7 +36,7 @@ from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup, check_routing_replay
 from orchestrator.warmup import WARMUP_STOP_WINDOW, warm_start
-from rollout.engine_proc import pin_threads, process_tree
+from rollout.engine_proc import freeze_heap, pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
 from trainer.config import TrainerSpec
@@ -171,8 +171,7 @@ class Session:
             run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids())
             session._cluster, session._ray_side = cluster, ray_side
             session._teardown = stack.pop_all()
-            gc.collect()
-            gc.freeze()  # the driver's start-up heap: kept out of the full collections between iterations
+            freeze_heap()  # the driver's start-up heap: kept out of the full collections between iterations
             return session
 
     @property

@@ -12,7 +12,7 @@ import ray
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from orchestrator.config import ConfigError
-from rollout.engine_proc import gc_paused, pin_threads
+from rollout.engine_proc import freeze_heap, gc_paused, pin_threads
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
@@ -43,8 +43,7 @@ class _Rank:
             torch.set_num_threads(threads)
         with gc_paused():
             self.worker = MegatronWorker(spec, rank, world, addr, port)
-        gc.collect()
-        gc.freeze()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
+        freeze_heap()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
         return True
 
     def release(self) -> None:
