@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.run_helpers import ROOT, assert_ends_as, resume_cut_back, tide
+
 pytestmark = pytest.mark.slow
 
 
@@ -34,18 +32,13 @@ def _guess_config(tmp: Path, address: str) -> Path:
     return path
 
 
-def _tide(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
-
-
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp_path, address):
     run = tmp_path / "run"
-    proc = _tide("run", _guess_config(tmp_path, address), "--run-dir", run)
+    proc = tide("run", _guess_config(tmp_path, address), "--run-dir", run)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _jsonl(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
@@ -69,14 +62,8 @@ def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp
     assert any("\nuser: " in r["completion"] for r in logged)  # the environment's replies between the turns
 
     # killed during iteration 3, after its checkpoint of iteration 2: the resumed run ends as the whole one did
-    killed = tmp_path / "killed"
-    shutil.copytree(run, killed)
-    shutil.rmtree(killed / "checkpoints" / "iter_0000003")
-    (killed / "final.json").unlink()
-    resumed = _tide("resume", killed)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert (killed / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
-    assert json.loads((killed / "final.json").read_text()) == json.loads((run / "final.json").read_text())
+    resume_cut_back(run, tmp_path / "killed", 2)
+    assert_ends_as(tmp_path / "killed", run, files=("metrics.jsonl",), final_key=None)
 
 
 def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
@@ -93,7 +80,7 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
                           probe_every=0)
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
-    proc = _tide("run", path, "--run-dir", run)
+    proc = tide("run", path, "--run-dir", run)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _jsonl(run / "metrics.jsonl")
     assert all(0 < m["logprob_gap"] <= 1e-5 and m["stale_masked_tokens"] == 0 for m in metrics), metrics
@@ -103,13 +90,6 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
     assert sum(m["samples"] for m in metrics) == 4 * 8 * 4  # every game opened is trained once
     assert all(0 < m["masked_token_share"] < 1 for m in metrics)
 
-    resumed_dir = tmp_path / "resumed"
-    shutil.copytree(run, resumed_dir)
-    shutil.rmtree(resumed_dir / "checkpoints" / "iter_0000004")
-    (resumed_dir / "final.json").unlink()
-    assert (resumed_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resumed = _tide("resume", resumed_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        assert (resumed_dir / name).read_text() == (run / name).read_text(), name
-    assert json.loads((resumed_dir / "final.json").read_text()) == json.loads((run / "final.json").read_text())
+    assert (run / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
+    resume_cut_back(run, tmp_path / "resumed", 2)
+    assert_ends_as(tmp_path / "resumed", run, final_key=None)

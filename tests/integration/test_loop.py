@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-TIDE = [sys.executable, "-m", "orchestrator.cli"]
+from tests.integration.run_helpers import ROOT, TIDE, assert_ends_as, resume_cut_back, tide
+
 pytestmark = pytest.mark.slow
 
 
@@ -52,10 +52,6 @@ def _write(tmp: Path, cfg: dict) -> Path:
     return path
 
 
-def _tide(*args, timeout=900, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*TIDE, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
-
-
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -74,7 +70,7 @@ def reference_run(built_once, address):
     read it; run once for both test workers)."""
 
     def run(tmp: Path) -> None:
-        proc = _tide("run", _write(tmp, _config("ref", address, **REF)), "--run-dir", tmp / "run")
+        proc = tide("run", _write(tmp, _config("ref", address, **REF)), "--run-dir", tmp / "run")
         assert proc.returncode == 0, proc.stderr[-4000:]
 
     return built_once("reference_run", run) / "run"
@@ -122,7 +118,7 @@ def test_loop_records_every_phase_and_keeps_vllm_on_trainer_weights(reference_ru
     assert [r["iteration"] for r in samples] == [it for it in range(1, 5) for _ in range(4)]  # logging.samples: 4
     assert all(r["prompt"].endswith("=") and isinstance(r["completion"], str) for r in samples)
     assert json.loads((reference_run / "status.json").read_text())["state"] == "finished"
-    proc = _tide("inspect", reference_run, timeout=120)
+    proc = tide("inspect", reference_run, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "rollout" in proc.stdout and "share" in proc.stdout and "status: finished" in proc.stdout
     assert (reference_run / "timings.png").stat().st_size > 10_000
@@ -180,13 +176,9 @@ def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_
     assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
     recorded = [m["iteration"] for m in _metrics(run_dir)]
     assert recorded[:3] == [1, 2, 3] and recorded == list(range(1, len(recorded) + 1)), recorded
-    resumed = _tide("resume", run_dir)
+    resumed = tide("resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert (run_dir / "metrics.jsonl").read_text() == (reference_run / "metrics.jsonl").read_text()
-    assert (run_dir / "samples.jsonl").read_text() == (reference_run / "samples.jsonl").read_text()
-    final = json.loads((run_dir / "final.json").read_text())
-    ref_final = json.loads((reference_run / "final.json").read_text())
-    assert final["parameter_digests"] == ref_final["parameter_digests"]
+    assert_ends_as(run_dir, reference_run)
 
 
 # max_staleness 1: the next batch drawn while an iteration trains; the trainer recomputes pi_old (TIS). An entropy
@@ -217,7 +209,7 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     from rollout.config import RolloutConfig
 
     cfg = _write(tmp_path, _config("async", address, **ASYNC))
-    whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
+    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-4000:]
     metrics = _metrics(tmp_path / "whole")
     assert [(m["staleness"], m["behaviour_version"]) for m in metrics] == [(0, 0), (1, 0), (1, 1), (1, 2)]
@@ -252,31 +244,9 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resumed = _tide("resume", run_dir)
+    resumed = tide("resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert (run_dir / "metrics.jsonl").read_text() == (tmp_path / "whole" / "metrics.jsonl").read_text()
-    assert (run_dir / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
-    final = json.loads((run_dir / "final.json").read_text())
-    assert final["parameter_digests"] == json.loads((tmp_path / "whole" / "final.json").read_text())[
-        "parameter_digests"]
-
-
-def _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path: Path) -> None:
-    """The uninterrupted run in tmp_path / "whole", cut back to its iteration-2 checkpoint (which holds the batch
-    drawn ahead) as a run killed during iteration 3 or 4 is, resumes to the whole run's metrics, samples and
-    parameters. Killing the driver and its process group mid-run: test_stopped_anywhere_then_resumed_matches_
-    uninterrupted and test_one_step_overlap_keeps_its_staleness_and_resumes_exactly."""
-    whole, run_dir = tmp_path / "whole", tmp_path / "cut"
-    shutil.copytree(whole, run_dir)
-    shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
-    (run_dir / "final.json").unlink()
-    assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resumed = _tide("resume", run_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        assert (run_dir / name).read_text() == (whole / name).read_text(), name
-    assert json.loads((run_dir / "final.json").read_text())["parameter_digests"] == json.loads(
-        (whole / "final.json").read_text())["parameter_digests"]
+    assert_ends_as(run_dir, tmp_path / "whole")
 
 
 # max_staleness 2 with partial rollouts: a generation gets 2 of its 4 tokens per sampling and is continued in the
@@ -296,7 +266,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     from orchestrator.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("partial", address, **PARTIAL))
-    whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
+    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-4000:]
     metrics = _metrics(tmp_path / "whole")
     assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
@@ -311,7 +281,11 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     assert not any(t["phase"] == "old_logprobs" for t in read_jsonl(tmp_path / "whole" / "timings.jsonl"))
     assert all(m["is_weight_mean"] != 1.0 for m in metrics[1:]), metrics
 
-    _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path)
+    # cut back to the iteration-2 checkpoint (which holds the batch drawn ahead), as a run killed during iteration
+    # 3 or 4 is; killing the driver mid-run: the stop and one-step-overlap tests
+    assert (tmp_path / "whole" / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
+    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2)
+    assert_ends_as(tmp_path / "cut", tmp_path / "whole")
 
 
 # rollout.weight_update in_flight (PipelineRL): the batch drawn ahead takes the weights of the train step it
@@ -328,7 +302,7 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     from orchestrator.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("in_flight", address, **IN_FLIGHT))
-    whole = _tide("run", cfg, "--run-dir", tmp_path / "whole")
+    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-4000:]
     metrics = _metrics(tmp_path / "whole")
     assert [(m["staleness"], m["behaviour_version"]) for m in metrics] == [(0, 0), (1, 0), (1, 1), (1, 2)]
@@ -341,7 +315,11 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     timings = read_jsonl(tmp_path / "whole" / "timings.jsonl")
     assert [t["iteration"] for t in timings if t["phase"] == "drain"] == [2, 4]  # the checkpoints' only
 
-    _resumed_from_its_iteration_2_checkpoint_ends_as_whole(tmp_path)
+    # cut back to the iteration-2 checkpoint (which holds the batch drawn ahead), as a run killed during iteration
+    # 3 or 4 is; killing the driver mid-run: the stop and one-step-overlap tests
+    assert (tmp_path / "whole" / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
+    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2)
+    assert_ends_as(tmp_path / "cut", tmp_path / "whole")
 
 
 # bfloat16 with truncated importance sampling: Megatron's mixed-precision optimizer on CPU (bf16 parameters, fp32
@@ -355,12 +333,12 @@ def test_finished_run_extends_exactly(tmp_path, address):
     from rollout.config import DEFAULT_LOGPROB_GAP
 
     short, full = tmp_path / "short", tmp_path / "full"
-    proc = _tide("run", _write(tmp_path, _config("ext", address, iterations=2, **BF16)), "--run-dir", short)
+    proc = tide("run", _write(tmp_path, _config("ext", address, iterations=2, **BF16)), "--run-dir", short)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    extended = _tide("resume", short, "--iterations", 3)
+    extended = tide("resume", short, "--iterations", 3)
     assert extended.returncode == 0, extended.stderr[-4000:]
     (tmp_path / "long").mkdir()
-    proc = _tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3, **BF16)), "--run-dir", full)
+    proc = tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3, **BF16)), "--run-dir", full)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _metrics(short)
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
@@ -375,7 +353,7 @@ def test_finished_run_extends_exactly(tmp_path, address):
         assert m["is_truncated_frac"] == 0 and 1 < m["is_ratio_max"] < 2 and 0.5 < m["is_ratio_min"] < 1, m
     timings = [json.loads(l) for l in (short / "timings.jsonl").read_text().splitlines()]
     assert {t["iteration"] for t in timings if t["phase"] == "old_logprobs"} == {1, 2, 3}
-    refused = _tide("resume", short, "--iterations", 3, timeout=120)
+    refused = tide("resume", short, "--iterations", 3, timeout=120)
     assert refused.returncode == 2 and "already has a checkpoint at iteration 3" in refused.stderr
 
 
@@ -400,7 +378,7 @@ def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address)
         model={"tiny": {**_config("x", address)["model"]["tiny"], "num_kv_heads": 2},  # one key/value head per TP rank
                "chat_template": "auto", "system_prompt": shipped["model"]["system_prompt"]}))
     try:
-        proc = _tide("run", cfg, "--run-dir", tmp_path / "run")
+        proc = tide("run", cfg, "--run-dir", tmp_path / "run")
         assert proc.returncode == 0, proc.stderr[-4000:]
         metrics = _metrics(tmp_path / "run")
         assert [m["iteration"] for m in metrics] == [1, 2]
@@ -429,12 +407,12 @@ def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tm
 
     newest, earlier = tmp_path / "it4", tmp_path / "it2"
     for args in ([newest, "--verify"], [earlier, "--iteration", 2]):
-        proc = _tide("export", reference_run, *args, timeout=300)
+        proc = tide("export", reference_run, *args, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         if "--verify" in args:  # transformers' logits on the export against the Megatron model's, float32
             diff = re.search(r"max \|logit difference\| transformers vs Megatron (\S+),", proc.stdout)
             assert diff and float(diff.group(1)) <= 1e-4, proc.stdout
-    refused = _tide("export", reference_run, tmp_path / "x", "--iteration", 3, timeout=120)
+    refused = tide("export", reference_run, tmp_path / "x", "--iteration", 3, timeout=120)
     assert refused.returncode == 2 and "keeps no checkpoint of iteration 3 (kept: 2, 4)" in refused.stderr
 
     def tensors(d: Path) -> dict:
