@@ -30,6 +30,7 @@ engines' temporary directories). Writes bench_results/soak.json.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
@@ -181,14 +182,27 @@ class Soak:
             gcs = [p.pid for p in _descendants(self.supervisor_pid) if "gcs_server" in " ".join(_cmdline(p))]
             self._signal(gcs[0] if gcs else None, signal.SIGKILL, fault)
         elif kind == "shm_full":
-            size = shutil.disk_usage(self.shm_root).free
-            with open(self.filler, "wb") as f:
-                os.posix_fallocate(f.fileno(), 0, size)
+            size = self._fill_shm()
             left = shutil.disk_usage(self.shm_root).free
             fault.target, fault.note = str(self.filler), f"{size / 2**20:.1f} MB filled, {left / 2**20:.1f} MB left"
         fault.injected_at = time.time()
         self.say(f"fault {kind} at iteration {status.get('iteration')}: {fault.target} {fault.note}")
         return True
+
+    def _fill_shm(self, attempts: int = 50) -> int:
+        """Fill the run's publish root to its last bytes with one file; the bytes filled. The run may be writing
+        there meanwhile (status.json lags the run: a publish can be under way), so a fill that no longer fits
+        (ENOSPC) is retried with what is free then."""
+        for _ in range(attempts):
+            size = shutil.disk_usage(self.shm_root).free
+            with open(self.filler, "wb") as f:  # emptied: what a failed try allocated is free again
+                try:
+                    os.posix_fallocate(f.fileno(), 0, size)
+                    return size
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        raise RuntimeError(f"shm_full: {self.shm_root} never held still long enough to be filled ({attempts} tries)")
 
     def _signal(self, pid: int | None, sig: int, fault: Fault) -> None:
         if pid is None:

@@ -46,3 +46,34 @@ def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp
     shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "inspect", str(run_dir), "--no-plot"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "status: finished" in shown.stdout and f"restart 1: from iteration {first} after exit 1" in shown.stdout
+
+
+def test_shm_full_fills_what_is_free_when_the_run_writes_meanwhile(tmp_path, monkeypatch):
+    """status.json lags the run, so a publish can be writing into the root while the soak fills it: a fill sized
+    before that write no longer fits (ENOSPC) and is retried with what is free then, from an empty file."""
+    import errno
+    import importlib.util
+    import os
+    from collections import namedtuple
+
+    spec = importlib.util.spec_from_file_location("soak_script", ROOT / "scripts" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, soak)  # its dataclasses look their module up
+    spec.loader.exec_module(soak)
+    usage = namedtuple("usage", "total used free")
+    seen_free = iter([1000, 600])  # the run writes 400 bytes between the first look and the fill
+    calls = []
+
+    def fallocate(fd, offset, size):
+        calls.append((size, os.fstat(fd).st_size))
+        if size > 600:
+            os.ftruncate(fd, 300)  # a failed fallocate can leave what it allocated
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.ftruncate(fd, size)
+
+    monkeypatch.setattr(soak.shutil, "disk_usage", lambda path: usage(1000, 0, next(seen_free)))
+    monkeypatch.setattr(soak.os, "posix_fallocate", fallocate)
+    runner = soak.Soak(None, tmp_path / "c.yaml", [], tmp_path / "run", tmp_path, [])
+    assert runner._fill_shm() == 600
+    assert calls == [(1000, 0), (600, 0)]  # the second try from an empty file
+    assert (tmp_path / ".soak-filler").stat().st_size == 600
