@@ -129,9 +129,12 @@ def last_turn_text(completion: list[dict[str, Any]]) -> str:
     return (turn.get("content") or "") + (get_parser("hermes").format(calls) if calls else "")
 
 
-def tide_python_tool(agent, counts: Counter) -> Callable[[str], Coroutine[Any, Any, str]]:
+def tide_python_tool(agent, counts: Counter,
+                     harness_errors: list[str]) -> Callable[[str], Coroutine[Any, Any, str]]:
     """TRL's `python` tool, run by tide's own code: each call is a tide tool episode of its own (a fresh sandbox
-    session, tide's ToolBox limits and error wording), its output cut as tide's runner cuts a tool result."""
+    session, tide's ToolBox limits and error wording), its output cut as tide's runner cuts a tool result. An
+    exception of the harness itself (not of the code it runs) is appended to `harness_errors`: TRL answers the model
+    with it as a tool error and trains on, so the caller fails the run on it instead."""
     from rollout.agent import AgentRunner, PythonSession, ToolCall
     from rollout.tasks import Problem
 
@@ -139,11 +142,16 @@ def tide_python_tool(agent, counts: Counter) -> Callable[[str], Coroutine[Any, A
     problem = Problem("tool", "", "", messages=({"role": "user", "content": ""},))
 
     async def python(code: str) -> str:
-        episode = agent._episode(problem, Counter())
         try:
-            outcome = await episode.tools.call(ToolCall("python", {"code": code}))
-        finally:
-            await episode.close()
+            episode = agent.episode(problem, Counter())
+            try:
+                outcome = await episode.tools.call(ToolCall("python", {"code": code}))
+            finally:
+                await episode.close()
+        except Exception as e:  # the harness's own failure (the code's are outcomes): TRL would hand it to the model
+            counts["harness_errors"] += 1
+            harness_errors.append(f"{type(e).__name__}: {e}")
+            raise
         counts["calls"] += 1
         counts["failed"] += outcome.failure is not None
         return clip({"role": "tool", "content": outcome.text})["content"]
@@ -220,7 +228,8 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
         tokenizer.response_template = hermes_response_template(generation_prompt(tokenizer), eos)
 
         counts: Counter = Counter()
-        python = tide_python_tool(agent, counts)
+        harness_errors: list[str] = []
+        python = tide_python_tool(agent, counts, harness_errors)
         if get_json_schema(python) != agent.schemas[0]:
             raise RuntimeError(f"the python tool's schema differs from tide's: {get_json_schema(python)} vs "
                                f"{agent.schemas[0]}")
@@ -230,7 +239,13 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
         rewards_per_call: list[float] = []
         calls_before = [0]
 
+        def harness_ok() -> None:  # TRL's side would be measured without its tool: stop at the first iteration
+            if harness_errors:
+                raise RuntimeError(f"TRL's python tool failed {len(harness_errors)} times in the benchmark's own "
+                                   f"code (not the code it ran), first: {harness_errors[0]}")
+
         def reward(prompts, completions, answer, **_) -> list[float]:
+            harness_ok()
             scores = task.score([Problem(task.name, "", x) for x in answer], [last_turn_text(c) for c in completions])
             rewards_per_call.append(sum(scores) / len(scores))
             if tool_calls is not None:
@@ -266,6 +281,7 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
         if clock is not None:
             clock.append(time.time())
         trainer.train()
+        harness_ok()
         print(f"python tool calls run in the sandbox: {counts['calls']} ({counts['failed']} failed)", flush=True)
         return rewards_per_call
     finally:

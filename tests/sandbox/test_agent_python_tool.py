@@ -70,3 +70,37 @@ def test_code_with_feedback_sends_failing_tests_back_until_they_pass(client, tin
     fed_back = tok.decode(samples[0].completion_ids)
     assert "1 of 2 tests failed" in fed_back and "assert add(1, 2) == 3" in fed_back and "Fix the code." in fed_back
     assert "2 of 2 tests failed" in tok.decode(samples[2].completion_ids)  # an early exit passes nothing
+
+
+def test_the_trl_benchmarks_python_tool_is_tides_own_and_its_harness_failures_recorded(client, tiny_model_dir,
+                                                                                       monkeypatch):
+    """scripts/bench_agent_trl.py hands TRL tide's python tool, built on tide's Agent: a call runs in a sandbox
+    session and its output comes back. A failure of that harness (not of the code it runs) is recorded for the
+    bench to stop on: TRL answers the model with any tool exception and trains on, which is how a method renamed in
+    tide left TRL's side without its tool, at reward 0 in every iteration, for a whole run."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from orchestrator.agent_rollout import Agent
+    from rollout.agent.config import AgentConfig
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.modules.pop("bench_agent_trl", None)
+    import bench_agent_trl
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    agent = Agent(AgentConfig(tools=["python"]), tok, tok.chat_template, None, 32, client.url, "multiply")
+    agent.client = client  # the test service's token
+    counts, errors = Counter(), []
+    python = bench_agent_trl.tide_python_tool(agent, counts, errors)
+    assert asyncio.run(python("print(6 * 7)")).strip() == "42"
+    assert (counts["calls"], counts["failed"], errors) == (1, 0, [])
+    assert "ZeroDivisionError" in asyncio.run(python("1 / 0")) and not errors  # the code's error: its output
+
+    monkeypatch.setattr(Agent, "episode", lambda *a: (_ for _ in ()).throw(AttributeError("renamed")))
+    with pytest.raises(AttributeError):
+        asyncio.run(python("print(1)"))
+    assert errors == ["AttributeError: renamed"] and counts["calls"] == 2
