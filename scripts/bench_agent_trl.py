@@ -149,7 +149,6 @@ def tide_python_tool(agent, counts: Counter,
             finally:
                 await episode.close()
         except Exception as e:  # the harness's own failure (the code's are outcomes): TRL would hand it to the model
-            counts["harness_errors"] += 1
             harness_errors.append(f"{type(e).__name__}: {e}")
             raise
         counts["calls"] += 1

@@ -29,7 +29,7 @@ def assert_ends_as(run_dir: Path, whole: Path, files: tuple[str, ...] = ("metric
     assert final == whole_final
 
 
-def resume_cut_back(whole: Path, cut: Path, iteration: int) -> None:
+def resume_cut_back(whole: Path, cut: Path, iteration: int, timeout: float = 900) -> None:
     """A copy of the finished run `whole` in `cut`, cut back to its iteration-`iteration` checkpoint as a run
     killed after that checkpoint is (later checkpoints and final.json gone), then `tide resume`d to its end."""
     shutil.copytree(whole, cut)
@@ -39,5 +39,5 @@ def resume_cut_back(whole: Path, cut: Path, iteration: int) -> None:
     for path in later:
         shutil.rmtree(path)
     (cut / "final.json").unlink()
-    resumed = tide("resume", cut)
+    resumed = tide("resume", cut, timeout=timeout)
     assert resumed.returncode == 0, resumed.stderr[-4000:]

@@ -38,7 +38,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp_path, address):
     run = tmp_path / "run"
-    proc = tide("run", _guess_config(tmp_path, address), "--run-dir", run)
+    proc = tide("run", _guess_config(tmp_path, address), "--run-dir", run, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _jsonl(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
@@ -62,7 +62,7 @@ def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp
     assert any("\nuser: " in r["completion"] for r in logged)  # the environment's replies between the turns
 
     # killed during iteration 3, after its checkpoint of iteration 2: the resumed run ends as the whole one did
-    resume_cut_back(run, tmp_path / "killed", 2)
+    resume_cut_back(run, tmp_path / "killed", 2, timeout=600)
     assert_ends_as(tmp_path / "killed", run, files=("metrics.jsonl",), final_key=None)
 
 
@@ -80,7 +80,7 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
                           probe_every=0)
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
-    proc = tide("run", path, "--run-dir", run)
+    proc = tide("run", path, "--run-dir", run, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = _jsonl(run / "metrics.jsonl")
     assert all(0 < m["logprob_gap"] <= 1e-5 and m["stale_masked_tokens"] == 0 for m in metrics), metrics
@@ -91,5 +91,5 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
     assert all(0 < m["masked_token_share"] < 1 for m in metrics)
 
     assert (run / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resume_cut_back(run, tmp_path / "resumed", 2)
+    resume_cut_back(run, tmp_path / "resumed", 2, timeout=600)
     assert_ends_as(tmp_path / "resumed", run, final_key=None)

@@ -52,14 +52,12 @@ def test_shm_full_fills_what_is_free_when_the_run_writes_meanwhile(tmp_path, mon
     """status.json lags the run, so a publish can be writing into the root while the soak fills it: a fill sized
     before that write no longer fits (ENOSPC) and is retried with what is free then, from an empty file."""
     import errno
-    import importlib.util
     import os
     from collections import namedtuple
 
-    spec = importlib.util.spec_from_file_location("soak_script", ROOT / "scripts" / "soak.py")
-    soak = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, soak)  # its dataclasses look their module up
-    spec.loader.exec_module(soak)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.delitem(sys.modules, "soak", raising=False)
+    import soak
     usage = namedtuple("usage", "total used free")
     seen_free = iter([1000, 600])  # the run writes 400 bytes between the first look and the fill
     calls = []
