@@ -94,7 +94,7 @@ def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="qwen3_moe", choices=["qwen3_moe", "deepseek_v3", "mixtral"])
+    ap.add_argument("--family", default="qwen3_moe", choices=["qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--model", type=Path, default=None,
                     help="an HF directory of a mixture-of-experts model trained on the addition task (e.g. a run's "

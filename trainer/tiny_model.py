@@ -20,7 +20,7 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }
                       "{% if add_generation_prompt %}assistant: {% endif %}")
 # part of the cache key: bump when the directory's contents change (2: chat template; 3: deepseek_v3 with yarn)
 TINY_FORMAT_VERSION = 3
-TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral"]
+TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral", "gpt_oss"]
 
 
 class TinyModelConfig(BaseModel):
@@ -31,7 +31,9 @@ class TinyModelConfig(BaseModel):
 
     family: TinyFamily = Field("qwen2", description="Architecture family: `qwen2`, `qwen3` (q/k RMSNorm), `llama3` "
                                "(Llama 3.x with llama3 rope scaling), or mixture of experts: `qwen3_moe`, `mixtral`, "
-                               "`deepseek_v3` (multi-latent attention, shared experts, group-limited sigmoid routing).")
+                               "`deepseek_v3` (multi-latent attention, shared experts, group-limited sigmoid "
+                               "routing), `gpt_oss` (attention sinks, alternating sliding windows, biased experts "
+                               "with a clamped SwiGLU).")
     num_experts: int = Field(4, gt=0, description="Routed experts per MoE layer (MoE families only).")
     experts_per_token: int = Field(2, gt=0, description="Experts each token is routed to (MoE families only).")
     hidden_size: int = Field(64, gt=0, description="Model width. vLLM's CPU attention needs hidden_size / "
@@ -119,7 +121,7 @@ def build_tiny_model(out_dir: str | Path, corpus: str, spec: TinyModelConfig = T
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
-    if spec.family in ("llama3", "deepseek_v3"):
+    if spec.family in ("llama3", "deepseek_v3", "gpt_oss"):
         _as_released_rope(tmp / "config.json")
     (tmp / ".tide-tiny").write_text(key)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -149,6 +151,8 @@ def _hf_config(spec: TinyModelConfig, common: dict):
                               norm_topk_prob=True, router_aux_loss_coef=0.0)
     if spec.family == "deepseek_v3":
         return _deepseek_v3_config(spec, common)
+    if spec.family == "gpt_oss":
+        return _gpt_oss_config(spec, common)
     raise ValueError(f"unknown tiny family {spec.family!r}")
 
 
@@ -169,6 +173,27 @@ def _deepseek_v3_config(spec: TinyModelConfig, common: dict):
                             n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
                             norm_topk_prob=True, rope_interleave=True, topk_method="noaux_tc", scoring_func="sigmoid",
                             num_nextn_predict_layers=0, rope_parameters=_DEEPSEEK_YARN)
+
+
+def _gpt_oss_config(spec: TinyModelConfig, common: dict):
+    """gpt-oss in miniature: attention sinks, sliding-window and full attention layers alternating (sliding
+    first, as released), q/k/v/o, router and expert biases, the clamped SwiGLU (alpha 1.702, limit 7), top-k
+    routing softmaxed over the chosen experts, yarn rope. The window is shrunk from the released 128 positions to
+    4, so that it acts on the quickstart task's sequences (6 or 7 tokens). The expert biases start at zero as
+    transformers initialises them (training moves them: the conversion tests compare after steps)."""
+    from transformers import GptOssConfig
+
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.num_layers)]
+    return GptOssConfig(**{**common, "rope_theta": None, "rms_norm_eps": 1e-5}, num_local_experts=spec.num_experts,
+                        num_experts_per_tok=spec.experts_per_token, sliding_window=4, layer_types=layer_types,
+                        attention_bias=True, swiglu_limit=7.0, router_aux_loss_coef=0.0,
+                        rope_parameters=_GPT_OSS_YARN)
+
+
+# gpt-oss's released yarn (factor 32 over 4096 original positions, truncate false), shrunk to 64 original positions
+# and factor 4 (256 / 64) as _DEEPSEEK_YARN
+_GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
 
 
 # DeepSeek-V3's released yarn (there: factor 40 over 4096 positions; mscale = mscale_all_dim = 1, so the softmax

@@ -4,14 +4,15 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from . import deepseek_v3, dense, mixtral
+from . import deepseek_v3, dense, gpt_oss, mixtral
 from .common import AttentionShape, ConversionError, HFTensor, RankLayout, fuse_qkv, split_qkv, tp_slice
 from .support import UnsupportedModelError
 
 # model_type -> the module converting it; each has check_supported, megatron_transformer_kwargs,
 # hf_to_megatron and megatron_to_hf, and may have transformer_config_class and layer_spec (trainer/megatron/model.py)
 _FAMILIES = {"qwen2": dense, "qwen3": dense, "llama": dense, "mistral": dense, "mixtral": mixtral,
-             "qwen3_moe": mixtral, "deepseek_v3": deepseek_v3}
+             "qwen3_moe": mixtral, "deepseek_v3": deepseek_v3,
+             "gpt_oss": gpt_oss}
 
 
 def family(hf_config: Any) -> ModuleType:

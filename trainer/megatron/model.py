@@ -12,11 +12,13 @@ def rope_theta(hf_config: Any) -> float:
     return float(rope_parameters(hf_config).get("rope_theta") or 10000.0)
 
 
-def rope_inv_freq(hf_config: Any) -> torch.Tensor | None:
-    """The rotary inverse frequencies of a scaled rope (llama3, linear), computed by transformers' own init
+def rope_inv_freq(hf_config: Any, attention_factor_applied: bool = False) -> torch.Tensor | None:
+    """The rotary inverse frequencies of a scaled rope (llama3, linear, yarn), computed by transformers' own init
     function for the model, so the trainer rotates by exactly the angles transformers and vLLM use; None for
     plain rope (Megatron's own, from rotary_base). Megatron's llama3 scaling hard-codes Llama 3.1's
-    low/high frequency factors and original context, so it is not used."""
+    low/high frequency factors and original context, so it is not used. A rope type that also scales attention
+    (yarn) is refused unless the family applies that factor (`attention_factor_applied`: gpt_oss folds it into
+    the softmax scale)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from ckpt_transfer.convert.support import rope_parameters
@@ -25,7 +27,7 @@ def rope_inv_freq(hf_config: Any) -> torch.Tensor | None:
     if kind == "default":
         return None
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[kind](hf_config, "cpu")
-    if attention_factor != 1.0:
+    if attention_factor != 1.0 and not attention_factor_applied:
         raise ValueError(f"rope type {kind!r} scales attention by {attention_factor}: not implemented")
     return inv_freq.float()
 
@@ -34,7 +36,7 @@ class LayoutError(ValueError):
     """The model cannot be split the way trainer.parallel asks."""
 
 
-def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int) -> None:
+def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int, expert_parallel: bool = True) -> None:
     rules = [
         ("num_key_value_heads", arch["num_query_groups"], tp, "trainer.parallel.tp"),
         ("num_attention_heads", arch["num_attention_heads"], tp, "trainer.parallel.tp"),
@@ -46,6 +48,9 @@ def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int) -> N
         rules.append(("num_local_experts", arch["num_moe_experts"], ep, "trainer.parallel.ep"))
     elif ep > 1:
         raise LayoutError("trainer.parallel.ep > 1 needs a mixture-of-experts model")
+    if ep > 1 and not expert_parallel:
+        raise LayoutError(f"trainer.parallel.ep = {ep}: expert parallelism is not implemented for this model family "
+                          "(its checkpoint keeps a layer's experts in one tensor)")
     for what, size, parts, knob in rules:
         if size % parts:
             raise LayoutError(f"the model's {what} ({size}) is not divisible by {knob} ({parts})")
@@ -58,14 +63,16 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
 
     fam = family(hf_config)
     arch = dict(fam.megatron_transformer_kwargs(hf_config))
-    check_layout(arch, vocab_size=hf_config.vocab_size, tp=tp, pp=pp, ep=ep)
+    check_layout(arch, vocab_size=hf_config.vocab_size, tp=tp, pp=pp, ep=ep,
+                 expert_parallel=getattr(fam, "EXPERT_PARALLEL", True))
+    arch.setdefault("activation_func", torch.nn.functional.silu)
     config_class = getattr(fam, "transformer_config_class", lambda: TransformerConfig)()
     return config_class(
         **arch,
-        activation_func=torch.nn.functional.silu,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=expert_tensor_parallel_size(hf_config, tp),
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -83,6 +90,14 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
         # sequence-split activations)
         sequence_parallel=tp > 1 and bool(arch.get("num_moe_experts")),
     )
+
+
+def expert_tensor_parallel_size(hf_config: Any, tp: int) -> int:
+    """Megatron's expert tensor parallelism: the tensor-parallel degree (Megatron's default), or 1 where the
+    family's experts cannot be split (gpt_oss: Megatron splits no biased experts)."""
+    from ckpt_transfer.convert import family
+
+    return tp if getattr(family(hf_config), "EXPERT_TENSOR_PARALLEL", True) else 1
 
 
 def layer_spec(hf_config: Any, config):
@@ -157,7 +172,10 @@ def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool):
         rotary_base=rope_theta(hf_config),
     )
     # multi-latent attention keeps its own rope (plain or yarn) in each attention module: TransformerConfig fields
-    inv_freq = None if config.multi_latent_attention else rope_inv_freq(hf_config)
+    from ckpt_transfer.convert import family
+
+    inv_freq = None if config.multi_latent_attention else rope_inv_freq(
+        hf_config, attention_factor_applied=getattr(family(hf_config), "ROPE_ATTENTION_FACTOR_IN_SOFTMAX_SCALE", False))
     if inv_freq is not None:
         rotary = model.rotary_pos_emb
         if rotary.inv_freq.shape != inv_freq.shape:

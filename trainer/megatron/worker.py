@@ -74,6 +74,8 @@ class MegatronWorker:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
         from transformers import AutoConfig
 
+        from trainer.megatron.model import expert_tensor_parallel_size
+
         self.spec, self.rank, self.world_size = spec, rank, world_size
         torch.manual_seed(spec.seed)
         # set either way: a process may hold another worker before this one (RankPool)
@@ -86,10 +88,12 @@ class MegatronWorker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(t.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(minutes=10))
-        ps.initialize_model_parallel(t.parallel.tp, t.parallel.pp, expert_model_parallel_size=t.parallel.ep)
+        self.hf_config = AutoConfig.from_pretrained(spec.hf_dir)
+        ps.initialize_model_parallel(t.parallel.tp, t.parallel.pp, expert_model_parallel_size=t.parallel.ep,
+                                     expert_tensor_parallel_size=expert_tensor_parallel_size(self.hf_config,
+                                                                                             t.parallel.tp))
         model_parallel_cuda_manual_seed(spec.seed, force_reset_rng=True)
         self.ps = ps
-        self.hf_config = AutoConfig.from_pretrained(spec.hf_dir)
         self.dtype = _DTYPES[spec.dtype]
         self._build()
         self._load_hf(spec.hf_dir)
