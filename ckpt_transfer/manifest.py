@@ -13,7 +13,9 @@ MANIFEST_FILE = "manifest.json"
 
 @dataclass(frozen=True)
 class TensorRecord:
-    """One tensor inside a safetensors shard. tp_dim is None for tensors replicated across TP ranks."""
+    """One tensor inside a safetensors shard: whole (tp_dim None), or shard tp_rank of tp_size along tp_dim, which
+    the engines' directory concatenates in order. A shard is a TP shard, or an expert-parallel rank's block of a
+    checkpoint tensor that stacks a layer's experts (gpt_oss)."""
 
     name: str
     dtype: str

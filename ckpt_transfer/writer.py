@@ -256,11 +256,13 @@ def finalize_manifest(manifest: Manifest) -> Path:
     """Write the HF index (when every tensor is whole, the directory then loads with from_pretrained and
     vLLM as is) and, last, the manifest itself: its presence marks the iteration complete."""
     out = Path(manifest.directory)
-    names = [t.name for s in manifest.shards for t in s.tensors]
-    if len(names) != len(set(names)) and manifest.tp_size == 1:
-        dup = sorted({n for n in names if names.count(n) > 1})[:5]
+    # a tensor is published whole once, or as shards along one dimension, each shard index once
+    parts = [(t.name, t.tp_rank if t.tp_dim is not None else None) for s in manifest.shards for t in s.tensors]
+    whole = {n for n, k in parts if k is None}
+    dup = sorted({n for n, k in parts if parts.count((n, k)) > 1 or (k is not None and n in whole)})[:5]
+    if dup:
         raise ValueError(f"tensor names published twice: {dup}")
-    if manifest.tp_size == 1:
+    if manifest.tp_size == 1 and all(t.tp_dim is None or t.tp_size == 1 for s in manifest.shards for t in s.tensors):
         index = {"metadata": {"total_size": manifest.nbytes},
                  "weight_map": {t.name: s.file for s in manifest.shards for t in s.tensors}}
         (out / INDEX_FILE).write_text(json.dumps(index))

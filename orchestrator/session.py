@@ -301,16 +301,13 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
     windows, soft-capping, ...) stops the run here, naming the field, before anything starts."""
     from transformers import AutoConfig
 
-    from ckpt_transfer.convert import UnsupportedModelError, check_supported, family, is_moe
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported, is_moe
 
     hf_config = AutoConfig.from_pretrained(model_dir)
     try:
         check_supported(hf_config)
     except UnsupportedModelError as e:
         raise ConfigError(f"model {model_dir}: {e}") from None
-    if cfg.trainer.parallel.ep > 1 and not getattr(family(hf_config), "EXPERT_PARALLEL", True):
-        raise ConfigError(f"trainer.parallel.ep = {cfg.trainer.parallel.ep}: expert parallelism is not implemented for "
-                          f"{hf_config.model_type} (its checkpoint keeps a layer's experts in one tensor); use ep 1")
     if cfg.trainer.moe.routing_replay != "none":
         check_routing_replay(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer))
         if not cfg.rollout.engine_config(cfg.iterations).records_routing:

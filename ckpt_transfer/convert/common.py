@@ -37,8 +37,9 @@ class RankLayout:
 
 @dataclass
 class HFTensor:
-    """One element of the HF tensor stream: a tensor in Hugging Face naming and layout, possibly a TP shard.
-    tp_dim is None for tensors that are whole (replicated across TP ranks).
+    """One element of the HF tensor stream: a tensor in Hugging Face naming and layout, possibly a shard along
+    tp_dim (a TP shard, or an expert-parallel rank's block of stacked experts). tp_dim is None for tensors that are
+    whole (replicated across TP ranks).
 
     `shape`, when set, is the HF shape and `tensor` a view holding the same elements in the same row-major
     order under another shape: q, k and v sliced out of Megatron's fused QKV are such views, so the writer

@@ -22,9 +22,9 @@ Checkpoint layout: a layer's experts are stacked in one tensor each, `mlp.expert
 width] with gate and up interleaved by column (gate = [..., ::2], up = [..., 1::2]),
 `mlp.experts.gate_up_proj_bias` [E, 2 x width], `mlp.experts.down_proj` [E, width, hidden] (x @ W, the transpose of
 a linear layer's weight) and `down_proj_bias` [E, hidden]. Megatron keeps one linear_fc1 ([gate; up] rows) and
-linear_fc2 per expert. Because one tensor holds every expert of a layer, an expert-parallel rank would publish
-part of a tensor; the publish path merges only tensor-parallel shards, so expert parallelism is refused for this
-family (`EXPERT_PARALLEL`), tensor and pipeline parallelism work.
+linear_fc2 per expert. Under expert parallelism, rank r holds global experts r * E / ep ... (r + 1) * E / ep - 1,
+a contiguous block of the stacked tensors' first dimension: it publishes that block as shard r of ep along dim 0
+(a shard record like a TP shard's; the engines' directory concatenates the shards, as it does TP shards).
 """
 from __future__ import annotations
 
@@ -40,8 +40,6 @@ from . import dense
 from .common import ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, tp_slice
 from .support import UnsupportedModelError, check_common, rope_parameters
 
-# The checkpoint stacks a layer's experts in one tensor; see the module docstring
-EXPERT_PARALLEL = False
 # Megatron allows expert biases only with expert tensor parallelism 1
 EXPERT_TENSOR_PARALLEL = False
 # yarn's attention factor is in the softmax scale (megatron_transformer_kwargs)
@@ -179,8 +177,6 @@ def layer_spec(hf_config: Any, config):
 
 
 def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout) -> HFStream:
-    if layout.ep_size > 1:
-        raise ConversionError("gpt_oss keeps a layer's experts in one tensor: expert parallelism is not implemented")
     lead = layout.tp_rank == 0
     experts: dict[int, dict[tuple[int, str, str], torch.Tensor]] = {}
     rest = []
@@ -207,24 +203,32 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
         else:
             rest.append((mname, t))
     yield from dense.megatron_to_hf(rest, hf_config, layout)
+    local_experts = hf_config.num_local_experts // layout.ep_size
     for layer, parts in experts.items():
-        yield from _stacked_experts(layer, parts, hf_config.num_local_experts)
+        yield from _stacked_experts(layer, parts, local_experts, layout)
 
 
-def _stacked_experts(layer: int, parts: dict[tuple[int, str, str], torch.Tensor], num_experts: int) -> HFStream:
-    """One layer's per-expert Megatron tensors -> the checkpoint's four stacked tensors."""
+def _stacked_experts(layer: int, parts: dict[tuple[int, str, str], torch.Tensor], local_experts: int,
+                     layout: RankLayout) -> HFStream:
+    """One layer's per-expert Megatron tensors of this rank -> the checkpoint's four stacked tensors (this
+    expert-parallel rank's block of them)."""
     def stack(fc: str, kind: str) -> list[torch.Tensor]:
-        missing = [e for e in range(num_experts) if (e, fc, kind) not in parts]
+        missing = [e for e in range(local_experts) if (e, fc, kind) not in parts]
         if missing:
-            raise ConversionError(f"layer {layer}: experts {missing} have no {fc}.{kind}")
-        return [parts[(e, fc, kind)] for e in range(num_experts)]
+            raise ConversionError(f"layer {layer}: local experts {missing} have no {fc}.{kind}")
+        return [parts[(e, fc, kind)] for e in range(local_experts)]
+
+    def block(name: str, t: torch.Tensor) -> HFTensor:
+        if layout.ep_size == 1:
+            return HFTensor(name, t)
+        return HFTensor(name, t, tp_rank=layout.ep_rank, tp_size=layout.ep_size, tp_dim=0)
 
     prefix = f"model.layers.{layer}.mlp.experts."
     # linear_fc1.weight [2w, hidden] = [gate; up] -> [hidden, 2w] with gate and up interleaved by column
-    yield HFTensor(prefix + "gate_up_proj", torch.stack([_interleave(w, 0).T for w in stack("linear_fc1", "weight")]))
-    yield HFTensor(prefix + "gate_up_proj_bias", torch.stack([_interleave(b, 0) for b in stack("linear_fc1", "bias")]))
-    yield HFTensor(prefix + "down_proj", torch.stack([w.T for w in stack("linear_fc2", "weight")]))
-    yield HFTensor(prefix + "down_proj_bias", torch.stack(stack("linear_fc2", "bias")))
+    yield block(prefix + "gate_up_proj", torch.stack([_interleave(w, 0).T for w in stack("linear_fc1", "weight")]))
+    yield block(prefix + "gate_up_proj_bias", torch.stack([_interleave(b, 0) for b in stack("linear_fc1", "bias")]))
+    yield block(prefix + "down_proj", torch.stack([w.T for w in stack("linear_fc2", "weight")]))
+    yield block(prefix + "down_proj_bias", torch.stack(stack("linear_fc2", "bias")))
 
 
 def _interleave(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
@@ -243,8 +247,6 @@ def _deinterleave(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
 
 def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
                    layout: RankLayout) -> dict[str, torch.Tensor]:
-    if layout.ep_size > 1:
-        raise ConversionError("gpt_oss keeps a layer's experts in one tensor: expert parallelism is not implemented")
     r, n = layout.tp_rank, layout.tp_size
     out: dict[str, torch.Tensor] = {}
     rest = []
@@ -267,7 +269,8 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
             out[mname] = t if dim is None else tp_slice(t, dim, r, n)
         elif e := _EXPERT.match(sub):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}.mlp.experts."
-            expert, fc, kind = int(e.group(1)), e.group(2), e.group(3)
+            fc, kind = e.group(2), e.group(3)
+            expert = layout.ep_rank * (hf_config.num_local_experts // layout.ep_size) + int(e.group(1))
             if fc == "linear_fc1":
                 src = expert_tensor(prefix + ("gate_up_proj" if kind == "weight" else "gate_up_proj_bias"))[expert]
                 out[mname] = _deinterleave(src.T if kind == "weight" else src, dim=0).contiguous()

@@ -58,30 +58,39 @@ def _megatron_names(cfg) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_round_trip_hf_megatron_hf(tp):
+@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_round_trip_hf_megatron_hf(tp, ep):
     """Every tensor goes HF -> Megatron -> HF exactly. Under TP the sinks are per-head shards; experts stay whole
     on every TP rank (expert tensor parallelism 1) and are written once, by the first rank of their data-parallel
-    group; o_proj's and the router's biases are replicated."""
+    group; o_proj's and the router's biases are replicated. Expert-parallel rank r holds experts r * E / ep on as
+    its local 0, 1, ... and publishes its block of each stacked expert tensor as shard r of ep along dim 0."""
     from ckpt_transfer.convert import RankLayout, family
 
     cfg = _config()
     hf = _hf_state(cfg)
     conv = family(cfg)
+    local_experts = cfg.num_local_experts // ep
+    names = [n for n in _megatron_names(cfg) if ".local_experts." not in n or
+             int(n.split(".local_experts.")[1].split(".")[0]) < local_experts]
     shards: dict[str, list] = {}
-    for r in range(tp):
-        layout = RankLayout(tp_rank=r, tp_size=tp, expert_dp_rank=r)
-        local = conv.hf_to_megatron(hf.__getitem__, _megatron_names(cfg), cfg, layout)
-        assert set(local) == set(_megatron_names(cfg))
-        sinks = local["decoder.layers.1.self_attention.core_attention.softmax_offset"]
-        assert torch.equal(sinks, hf["model.layers.1.self_attn.sinks"].chunk(tp)[r])
-        for t in conv.megatron_to_hf(local.items(), cfg, layout):
-            shards.setdefault(t.name, []).append(t)
+    for e in range(ep):
+        for r in range(tp):
+            # dense tensors written by expert-parallel rank 0's TP ranks; experts by each block's first TP rank
+            layout = RankLayout(tp_rank=r, tp_size=tp, ep_rank=e, ep_size=ep, dp_rank=e, expert_dp_rank=r)
+            local = conv.hf_to_megatron(hf.__getitem__, names, cfg, layout)
+            assert set(local) == set(names)
+            sinks = local["decoder.layers.1.self_attention.core_attention.softmax_offset"]
+            assert torch.equal(sinks, hf["model.layers.1.self_attn.sinks"].chunk(tp)[r])
+            down = local["decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"]
+            assert torch.equal(down, hf["model.layers.0.mlp.experts.down_proj"][e * local_experts].T)
+            for t in conv.megatron_to_hf(local.items(), cfg, layout):
+                shards.setdefault(t.name, []).append(t)
     assert set(shards) == set(hf)
     for name, parts in shards.items():
         parts = sorted(parts, key=lambda p: p.tp_rank)
         merged = parts[0].value() if parts[0].tp_dim is None else torch.cat([p.value() for p in parts], parts[0].tp_dim)
-        assert len(parts) == (1 if parts[0].tp_dim is None else tp), name
+        want = ep if ".mlp.experts." in name else 1 if parts[0].tp_dim is None else tp
+        assert len(parts) == want and [p.tp_rank for p in parts] == list(range(want)), name
         assert torch.equal(merged, hf[name]), name
 
 
@@ -148,15 +157,4 @@ def test_unsupported_computation_is_refused_by_field(fields, named):
         setattr(cfg, k, v)
     with pytest.raises(UnsupportedModelError, match=f"config.json field {re.escape(named)}"):
         check_supported(cfg)
-
-
-def test_expert_parallelism_is_refused_by_name():
-    from ckpt_transfer.convert import family
-    from trainer.megatron.model import LayoutError, check_layout
-
-    cfg = _config()
-    arch = dict(family(cfg).megatron_transformer_kwargs(cfg))
-    check_layout(arch, vocab_size=64, tp=2, pp=2, ep=1, expert_parallel=False)
-    with pytest.raises(LayoutError, match=r"trainer.parallel.ep = 2: expert parallelism is not implemented"):
-        check_layout(arch, vocab_size=64, tp=1, pp=1, ep=2, expert_parallel=False)
 

@@ -155,3 +155,30 @@ def test_writer_process_env_keeps_existing_glibc_tunables():
     assert own.startswith("glibc.cpu.x86_non_temporal_threshold=")
     assert writer_process_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == \
         f"glibc.malloc.arena_max=2:{own}"
+
+
+def test_finalize_accepts_shards_along_a_dimension_and_refuses_a_tensor_published_twice(tmp_path):
+    """A tensor is published whole once, or as shards each index once: TP shards, or an expert-parallel rank's block
+    of a stacked expert tensor (gpt_oss) in a tp-1 manifest, which then gets no HF index (the engines' directory
+    merges the shards first). The same shard index twice, or a whole copy beside shards, is refused."""
+    from ckpt_transfer.manifest import Manifest, ShardRecord, TensorRecord
+    from ckpt_transfer.writer import INDEX_FILE, finalize_manifest
+
+    def manifest(*records: TensorRecord) -> Manifest:
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        shards = [ShardRecord(file=f"s{k}.safetensors", node="n", nbytes=1, checksum="c", tensors=(r,))
+                  for k, r in enumerate(records)]
+        return Manifest(run="r", iteration=1, directory=str(d), shards=shards, tp_size=1)
+
+    block = [TensorRecord("experts.down_proj", "float32", (2, 4, 4), k, 2, 0) for k in range(2)]
+    split = manifest(*block, TensorRecord("norm.weight", "float32", (4,)))
+    finalize_manifest(split)
+    assert not (tmp_path / split.directory / INDEX_FILE).exists()
+    whole = manifest(TensorRecord("norm.weight", "float32", (4,)))
+    finalize_manifest(whole)
+    assert (tmp_path / whole.directory / INDEX_FILE).exists()
+    for twice in ([block[0], block[0]], [block[0], TensorRecord("experts.down_proj", "float32", (4, 4, 4))],
+                  [TensorRecord("norm.weight", "float32", (4,))] * 2):
+        with pytest.raises(ValueError, match="tensor names published twice: \\['(experts.down_proj|norm.weight)'\\]"):
+            finalize_manifest(manifest(*twice))

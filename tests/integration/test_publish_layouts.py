@@ -75,7 +75,7 @@ def _tensors(directory) -> dict[str, torch.Tensor]:
 LAYOUTS = [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("dense", 2, 2, 1), ("moe", 1, 1, 2),
            *[(family, tp, pp, 1) for family in ("qwen3", "llama3", "qwen3_moe", "gpt_oss")
              for tp, pp in ((1, 1), (2, 1), (1, 2))],
-           ("qwen3_moe", 1, 1, 2)]
+           ("qwen3_moe", 1, 1, 2), ("gpt_oss", 1, 1, 2)]
 
 
 @pytest.mark.parametrize("arch,tp,pp,ep", LAYOUTS,

@@ -85,16 +85,3 @@ def test_routing_replay_on_engines_that_cannot_record_exits_2(tmp_path):
     assert "needs the engines to record the experts they route to" in proc.stderr
     assert not (tmp_path / "run").exists()
 
-
-def test_expert_parallel_gpt_oss_exits_2(tmp_path):
-    """gpt_oss keeps a layer's experts in one tensor, which expert-parallel ranks cannot publish: refused by name
-    before anything starts."""
-    from rollout.tasks import AdditionTask
-    from trainer.tiny_model import TinyModelConfig, build_tiny_model
-
-    spec = TinyModelConfig(family="gpt_oss", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    model = build_tiny_model(tmp_path / "gpt_oss", AdditionTask(1).corpus(), spec)
-    proc = _run(tmp_path, model, "trainer.parallel.ep=2", "rollout.sync_mode=restart")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "trainer.parallel.ep = 2: expert parallelism is not implemented for gpt_oss" in proc.stderr
-    assert not (tmp_path / "run").exists()

@@ -36,7 +36,7 @@ class LayoutError(ValueError):
     """The model cannot be split the way trainer.parallel asks."""
 
 
-def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int, expert_parallel: bool = True) -> None:
+def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int) -> None:
     rules = [
         ("num_key_value_heads", arch["num_query_groups"], tp, "trainer.parallel.tp"),
         ("num_attention_heads", arch["num_attention_heads"], tp, "trainer.parallel.tp"),
@@ -48,9 +48,6 @@ def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int, expe
         rules.append(("num_local_experts", arch["num_moe_experts"], ep, "trainer.parallel.ep"))
     elif ep > 1:
         raise LayoutError("trainer.parallel.ep > 1 needs a mixture-of-experts model")
-    if ep > 1 and not expert_parallel:
-        raise LayoutError(f"trainer.parallel.ep = {ep}: expert parallelism is not implemented for this model family "
-                          "(its checkpoint keeps a layer's experts in one tensor)")
     for what, size, parts, knob in rules:
         if size % parts:
             raise LayoutError(f"the model's {what} ({size}) is not divisible by {knob} ({parts})")
@@ -63,8 +60,7 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
 
     fam = family(hf_config)
     arch = dict(fam.megatron_transformer_kwargs(hf_config))
-    check_layout(arch, vocab_size=hf_config.vocab_size, tp=tp, pp=pp, ep=ep,
-                 expert_parallel=getattr(fam, "EXPERT_PARALLEL", True))
+    check_layout(arch, vocab_size=hf_config.vocab_size, tp=tp, pp=pp, ep=ep)
     arch.setdefault("activation_func", torch.nn.functional.silu)
     config_class = getattr(fam, "transformer_config_class", lambda: TransformerConfig)()
     return config_class(
