@@ -87,11 +87,11 @@ def check_supported(hf_config: Any) -> None:
         raise _refuse("router_jitter_noise", hf_config.router_jitter_noise, "router noise has no Megatron equivalent")
     if not getattr(hf_config, "attention_bias", True):
         raise _refuse("attention_bias", False, "gpt_oss is implemented with its q/k/v/o biases")
-    full_attention = _without(hf_config, layer_types=None, sliding_window=None, use_sliding_window=False)
+    full_attention = _Overridden(hf_config, layer_types=None, sliding_window=None, use_sliding_window=False)
     check_common(full_attention, rope_types=ROPE_TYPES)
 
 
-class _without:
+class _Overridden:
     """The config with some fields overridden, for the common checks."""
 
     def __init__(self, hf_config: Any, **fields: Any) -> None:
@@ -115,10 +115,10 @@ def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
     from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
     check_supported(hf_config)
-    kw = dict(dense.megatron_transformer_kwargs(_without(hf_config, model_type="gpt_oss_dense", attention_bias=False,
-                                                         layer_types=None, sliding_window=None,
-                                                         rope_parameters={"rope_type": "default"},
-                                                         rope_scaling=None)))
+    # the dense fields of the attention and norms; the dense family's own checks would refuse what is gpt_oss's
+    as_dense = _Overridden(hf_config, model_type="gpt_oss_dense", attention_bias=False, layer_types=None,
+                           sliding_window=None, rope_parameters={"rope_type": "default"}, rope_scaling=None)
+    kw = dict(dense.megatron_transformer_kwargs(as_dense))
     types = layer_types(hf_config)
     head_dim = kw["kv_channels"]
     kw.update(
