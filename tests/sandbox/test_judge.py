@@ -78,9 +78,15 @@ def test_the_time_limit_is_cpu_time_with_a_wall_cap(client):
     cases = [{"stdin": f"{n}\n", "expected_stdout": f"{n}\n"} for n in range(3)]
     r = client.run("python", code, cases=cases, limits={"timeout_s": 2})
     starved, spinning, sleeping = r.cases
-    assert [c.verdict.value for c in r.cases] == ["AC", "TLE", "TLE"], r.cases
-    # kept off the CPU past its limit (a wall-clock limit would have stopped it), on ~0.2 s of CPU
-    assert starved.wall_ms > 2000 and starved.cpu_ms < 1000, starved
+    assert [c.verdict.value for c in r.cases[1:]] == ["TLE", "TLE"], r.cases
+    # kept off the CPU past its limit (a wall-clock limit would have stopped it at 2 s), on ~0.2 s of CPU. Where the
+    # idle-class case got no 0.2 s of its core even after the spin (the suite's other worker there: 50 ms of CPU by
+    # the 6 s cap once, this stop's b6e86ea suite), the cap came first and tells nothing: that case alone runs again
+    for _ in range(3):
+        if not (starved.verdict.value == "TLE" and starved.wall_ms >= 3 * 2000 and starved.cpu_ms < 200):
+            break
+        starved = client.run("python", code, cases=cases[:1], limits={"timeout_s": 2}).cases[0]
+    assert starved.verdict.value == "AC" and starved.wall_ms > 2000 and starved.cpu_ms < 1000, starved
     # stopped by the CPU it spent, before the wall cap. Where the machine cannot give it 2 s of a core within the cap
     # (the suite's other worker beside it: 1.1 s of CPU in the 6 s once), the cap comes first and tells nothing
     # about the CPU limit: that case alone runs again
