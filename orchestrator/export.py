@@ -4,7 +4,6 @@ checkpoint reshards the parameters into TP=PP=EP=1, which publishes whole tensor
 from __future__ import annotations
 
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,12 +13,6 @@ from orchestrator.model_source import resolve_model_dir
 from orchestrator.rundir import CKPT_PREFIX, RunDir
 from rollout.tasks import make_task
 from trainer.config import KLConfig, ParallelConfig, TrainerSpec
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -55,9 +48,9 @@ def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, veri
     spec = TrainerSpec(hf_dir=model_dir, trainer=trainer, seed=cfg.seed, deterministic=cfg.deterministic,
                        dtype=cfg.model.dtype)
     from ckpt_transfer.writer import finalize_manifest, rename_into_place
-    from trainer.megatron.worker import MegatronWorker
+    from trainer.megatron.worker import SINGLE_RANK_PORT, MegatronWorker
 
-    worker = MegatronWorker(spec, 0, 1, "127.0.0.1", _free_port())
+    worker = MegatronWorker(spec, 0, 1, "127.0.0.1", SINGLE_RANK_PORT)
     try:
         worker.load_model(str(run.checkpoint_dir(iteration)))
         out = Path(out)

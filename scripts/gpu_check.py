@@ -42,7 +42,6 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -122,11 +121,6 @@ def families() -> list[str]:
     return list(typing.get_args(annotation))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # ---- Megatron ------------------------------------------------------------------------------------------
 def _sft_batch(model_dir: Path, n: int, digits: int):
@@ -142,11 +136,11 @@ def _sft_batch(model_dir: Path, n: int, digits: int):
 
 def _worker(model_dir: Path, device: str, backend: str, dtype: str, micro_batch: int):
     from trainer.config import TrainerConfig, TrainerSpec
-    from trainer.megatron.worker import MegatronWorker
+    from trainer.megatron.worker import SINGLE_RANK_PORT, MegatronWorker
 
     trainer = TrainerConfig(device=device, backend=backend, micro_batch_size=micro_batch, lr=1e-3)
     spec = TrainerSpec(hf_dir=str(model_dir), trainer=trainer, dtype=dtype, seed=0)
-    return MegatronWorker(spec, 0, 1, "127.0.0.1", _free_port())
+    return MegatronWorker(spec, 0, 1, "127.0.0.1", SINGLE_RANK_PORT)
 
 
 def _close(worker) -> None:

@@ -148,12 +148,22 @@ def test_a_runs_time_limit_is_cpu_time_with_a_wall_cap(client):
             "t = time.process_time()\n"
             "while time.process_time() - t < 1.7: pass\n"
             "print('done')")
-    spinner = subprocess.Popen([sys.executable, "-c", spin])
-    try:
-        starved = client.run("python", code, limits={"timeout_s": 2})
-    finally:
-        spinner.kill()
-        spinner.wait()
+
+    def starved_run():
+        spinner = subprocess.Popen([sys.executable, "-c", spin])
+        try:
+            return client.run("python", code, limits={"timeout_s": 2})
+        finally:
+            spinner.kill()
+            spinner.wait()
+
+    starved = starved_run()
+    # where the suite's other worker shares the core too, the run may not get its 1.7 s of CPU within the 6 s cap
+    # (1.55 s once, defb89d's suite): the cap came first and tells nothing about the CPU limit, so it runs again
+    for _ in range(3):
+        if not (starved.status.value == "timeout" and starved.wall_ms >= 3 * 2000 and starved.cpu_ms < 1700):
+            break
+        starved = starved_run()
     assert starved.status.value == "ok" and starved.stdout.strip() == "done", starved
     # the container's cgroup got ~3/4 of the core beside the host's spinner (measured here): past its 2 s of wall (a
     # wall-clock limit would have stopped it) on ~1.75 s of CPU, within its 6 s cap down to ~0.3 of a core

@@ -62,6 +62,12 @@ def _write_results_in_process() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+# The rendezvous port of a one-rank process group (export, gpu_check): 0 lets the rank's own TCP store bind a port the
+# OS picks; a port found free beforehand and released can be taken by another process before the store binds it
+# (EADDRINUSE, seen once in the suite's gpu_check run)
+SINGLE_RANK_PORT = 0
+
+
 class MegatronWorker:
     def __init__(self, spec: TrainerSpec, rank: int, world_size: int, master_addr: str, master_port: int):
         t = spec.trainer
