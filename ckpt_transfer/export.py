@@ -15,7 +15,7 @@ from .writer import rename_into_place
 
 def export_hf(manifest: Manifest, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
-    if manifest.tp_size > 1 or any(t.tp_dim is not None for s in manifest.shards for t in s.tensors):
+    if not manifest.is_whole:
         return materialize_whole(manifest, out_dir)
     src, tmp = Path(manifest.directory), out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

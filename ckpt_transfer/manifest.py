@@ -60,6 +60,11 @@ class Manifest:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
+    @property
+    def is_whole(self) -> bool:
+        """Every tensor whole (a shard of one is the tensor): the directory loads as an HF checkpoint as is."""
+        return self.tp_size == 1 and all(t.tp_dim is None or t.tp_size == 1 for s in self.shards for t in s.tensors)
+
     def to_json(self) -> str:
         # Built by hand: dataclasses.asdict deep-copies every field (2 ms for a 100M-parameter model's
         # manifest); compact separators keep json on its C encoder.

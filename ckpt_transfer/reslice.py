@@ -56,7 +56,7 @@ def merged_tensors(manifest: Manifest, directory: str | Path | None = None) -> d
 def materialize_whole(manifest: Manifest, out_dir: str | Path) -> Path:
     """An HF directory with whole tensors for a manifest whose tensors are TP-sharded; the manifest's own
     directory when they are already whole. Written to a temporary name and renamed when complete."""
-    if manifest.tp_size == 1 and all(t.tp_dim is None for s in manifest.shards for t in s.tensors):
+    if manifest.is_whole:
         return Path(manifest.directory)
     from safetensors.torch import save_file
 

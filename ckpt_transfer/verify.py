@@ -84,15 +84,11 @@ def layout_difference(new: dict, old: dict) -> str | None:
     return None
 
 
-def is_whole(manifest: Manifest) -> bool:
-    return manifest.tp_size == 1 and all(t.tp_dim is None or t.tp_size == 1 for s in manifest.shards for t in s.tensors)
-
-
 def engine_checkpoint_dir(manifest: Manifest, scratch_name: str) -> Path:
     """The HF directory the engine loads for this iteration: the published directory when every tensor is
     whole; otherwise TP shards are merged into whole tensors in `<directory>/<scratch_name>` (vLLM's loader
     slices whole tensors for the engine's own TP degree), removed with the iteration."""
-    if is_whole(manifest):
+    if manifest.is_whole:
         return Path(manifest.directory)
     from .reslice import materialize_whole
 

@@ -262,7 +262,7 @@ def finalize_manifest(manifest: Manifest) -> Path:
     dup = sorted({n for n, k in parts if parts.count((n, k)) > 1 or (k is not None and n in whole)})[:5]
     if dup:
         raise ValueError(f"tensor names published twice: {dup}")
-    if manifest.tp_size == 1 and all(t.tp_dim is None or t.tp_size == 1 for s in manifest.shards for t in s.tensors):
+    if manifest.is_whole:
         index = {"metadata": {"total_size": manifest.nbytes},
                  "weight_map": {t.name: s.file for s in manifest.shards for t in s.tensors}}
         (out / INDEX_FILE).write_text(json.dumps(index))

@@ -42,8 +42,12 @@ def check_supported(hf_config: Any) -> None:
                                     "qwen2's q/k/v projections only")
 
 
-def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout) -> HFStream:
-    """Convert one rank's local Megatron parameters into HF-named tensors (TP shards kept, PP removed)."""
+def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout,
+                   more_layer: Mapping[str, tuple[str, int | None]] | None = None) -> HFStream:
+    """Convert one rank's local Megatron parameters into HF-named tensors (TP shards kept, PP removed).
+    `more_layer`: a family's own one-to-one layer tensors beside the dense ones (Megatron sub-name -> (HF sub-name,
+    tp_dim)), converted by the same rules."""
+    simple = {**_SIMPLE_LAYER, **(more_layer or {})}
     if not layout.writes_dense:
         return
     att = AttentionShape.from_hf(hf_config)
@@ -70,8 +74,8 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
         elif m := _LAYER.match(mname):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}."
             sub = m.group(2)
-            if sub in _SIMPLE_LAYER:
-                hf_sub, dim = _SIMPLE_LAYER[sub]
+            if sub in simple:
+                hf_sub, dim = simple[sub]
                 out.append(shard(prefix + hf_sub, t, dim))
             elif sub in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
                 kind = sub.rsplit(".", 1)[1]
@@ -89,9 +93,11 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
         yield from (x for x in out if x is not None)
 
 
-def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layout: RankLayout) -> dict[str, torch.Tensor]:
+def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layout: RankLayout,
+                   more_layer: Mapping[str, tuple[str, int | None]] | None = None) -> dict[str, torch.Tensor]:
     """Build one rank's local Megatron state dict (for the given Megatron parameter names) from full HF
-    tensors, slicing this rank's TP shard."""
+    tensors, slicing this rank's TP shard (`more_layer` as in megatron_to_hf)."""
+    simple = {**_SIMPLE_LAYER, **(more_layer or {})}
     att = AttentionShape.from_hf(hf_config)
     r, n = layout.tp_rank, layout.tp_size
     out: dict[str, torch.Tensor] = {}
@@ -106,8 +112,8 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
         elif m := _LAYER.match(mname):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}."
             sub = m.group(2)
-            if sub in _SIMPLE_LAYER:
-                hf_sub, dim = _SIMPLE_LAYER[sub]
+            if sub in simple:
+                hf_sub, dim = simple[sub]
                 t = get(prefix + hf_sub)
                 out[mname] = t if dim is None else tp_slice(t, dim, r, n)
             elif sub in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from . import dense
-from .common import ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, tp_slice
+from .common import ConversionError, HFStream, HFTensor, RankLayout, TensorGetter
 from .support import UnsupportedModelError, check_common, rope_parameters
 
 # Megatron allows expert biases only with expert tensor parallelism 1
@@ -50,8 +50,8 @@ QUICK_GELU_ALPHA = 1.702  # Megatron's quick_gelu: x * sigmoid(1.702 x)
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.(weight|bias)$")
 
-# Megatron sub-name in a layer -> (HF sub-name, tp_dim); None = replicated (written by TP rank 0)
-_SIMPLE_LAYER = {
+# Megatron sub-name in a layer -> (HF sub-name, tp_dim), beside the dense family's (dense.megatron_to_hf's more_layer)
+_MORE_LAYER = {
     "self_attention.linear_proj.bias": ("self_attn.o_proj.bias", None),
     "self_attention.core_attention.softmax_offset": ("self_attn.sinks", 0),
     "mlp.router.weight": ("mlp.router.weight", None),
@@ -177,32 +177,17 @@ def layer_spec(hf_config: Any, config):
 
 
 def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout) -> HFStream:
-    lead = layout.tp_rank == 0
     experts: dict[int, dict[tuple[int, str, str], torch.Tensor]] = {}
     rest = []
     for mname, t in params:
-        t = t.detach()
         m = _LAYER.match(mname)
-        sub = m.group(2) if m else ""
-        if sub in _SIMPLE_LAYER:
-            if not layout.writes_dense:
-                continue
-            hf_sub, dim = _SIMPLE_LAYER[sub]
-            name = f"model.layers.{layout.global_layer(int(m.group(1)))}.{hf_sub}"
-            if dim is None:
-                if lead:
-                    yield HFTensor(name, t)
-            elif layout.tp_size == 1:
-                yield HFTensor(name, t)
-            else:
-                yield HFTensor(name, t, tp_rank=layout.tp_rank, tp_size=layout.tp_size, tp_dim=dim)
-        elif e := _EXPERT.match(sub):
+        if m and (e := _EXPERT.match(m.group(2))):
             if layout.writes_experts:
                 layer = layout.global_layer(int(m.group(1)))
-                experts.setdefault(layer, {})[(int(e.group(1)), e.group(2), e.group(3))] = t
+                experts.setdefault(layer, {})[(int(e.group(1)), e.group(2), e.group(3))] = t.detach()
         else:
             rest.append((mname, t))
-    yield from dense.megatron_to_hf(rest, hf_config, layout)
+    yield from dense.megatron_to_hf(rest, hf_config, layout, more_layer=_MORE_LAYER)
     local_experts = hf_config.num_local_experts // layout.ep_size
     for layer, parts in experts.items():
         yield from _stacked_experts(layer, parts, local_experts, layout)
@@ -247,7 +232,6 @@ def _deinterleave(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
 
 def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
                    layout: RankLayout) -> dict[str, torch.Tensor]:
-    r, n = layout.tp_rank, layout.tp_size
     out: dict[str, torch.Tensor] = {}
     rest = []
     stacked: dict[str, torch.Tensor] = {}  # the current layer's stacked expert tensors, read once for all experts
@@ -262,12 +246,7 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
 
     for mname in names:
         m = _LAYER.match(mname)
-        sub = m.group(2) if m else ""
-        if sub in _SIMPLE_LAYER:
-            hf_sub, dim = _SIMPLE_LAYER[sub]
-            t = get(f"model.layers.{layout.global_layer(int(m.group(1)))}.{hf_sub}")
-            out[mname] = t if dim is None else tp_slice(t, dim, r, n)
-        elif e := _EXPERT.match(sub):
+        if m and (e := _EXPERT.match(m.group(2))):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}.mlp.experts."
             fc, kind = e.group(2), e.group(3)
             expert = layout.ep_rank * (hf_config.num_local_experts // layout.ep_size) + int(e.group(1))
@@ -279,5 +258,5 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
                 out[mname] = (src.T if kind == "weight" else src).contiguous()
         else:
             rest.append(mname)
-    out.update(dense.hf_to_megatron(get, rest, hf_config, layout))
+    out.update(dense.hf_to_megatron(get, rest, hf_config, layout, more_layer=_MORE_LAYER))
     return out
