@@ -121,7 +121,6 @@ def families() -> list[str]:
     return list(typing.get_args(annotation))
 
 
-
 # ---- Megatron ------------------------------------------------------------------------------------------
 def _sft_batch(model_dir: Path, n: int, digits: int):
     from transformers import AutoTokenizer

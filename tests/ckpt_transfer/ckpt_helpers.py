@@ -84,3 +84,13 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, what: str, interval_s
         if time.monotonic() > end:
             raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def merge_published(parts: list) -> tuple:
+    """The HFTensor parts a converter published under one name -> (the whole tensor, their shard indices in order):
+    one part whole, or shards concatenated along their tp_dim as the engines' directory does."""
+    import torch
+
+    parts = sorted(parts, key=lambda p: p.tp_rank)
+    whole = parts[0].value() if parts[0].tp_dim is None else torch.cat([p.value() for p in parts], parts[0].tp_dim)
+    return whole, [p.tp_rank for p in parts]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from ckpt_transfer.convert import AttentionShape, ConversionError, RankLayout, fuse_qkv, split_qkv, tp_slice
 from ckpt_transfer.convert import dense
+from ckpt_helpers import merge_published
 
 
 def _hf_config(**kw):
@@ -86,9 +87,7 @@ def test_round_trip_hf_megatron_hf(tp, tied):
     for name, parts in shards.items():
         if parts[0].tp_dim is None:
             assert len(parts) == 1, f"{name} replicated but written by {len(parts)} ranks"
-            merged = parts[0].value()
-        else:
-            merged = torch.cat([p.value() for p in sorted(parts, key=lambda p: p.tp_rank)], dim=parts[0].tp_dim)
+        merged, _ = merge_published(parts)
         assert torch.equal(merged, hf[name]), name
 
 
@@ -170,8 +169,7 @@ def test_qwen3_moe_round_trip_in_every_layout(tp, ep):
                 shards.setdefault(t.name, []).append(t)
     assert set(shards) == set(hf)
     for name, parts in shards.items():
-        parts = sorted(parts, key=lambda p: p.tp_rank)
-        merged = parts[0].value() if parts[0].tp_dim is None else torch.cat([p.value() for p in parts], parts[0].tp_dim)
+        merged, _ = merge_published(parts)
         assert len(parts) == (1 if parts[0].tp_dim is None else tp), name
         assert torch.equal(merged, hf[name]), name
 

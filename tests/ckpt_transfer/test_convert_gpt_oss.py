@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from ckpt_helpers import merge_published
 
 
 def _config(**kw):
@@ -87,10 +88,9 @@ def test_round_trip_hf_megatron_hf(tp, ep):
                 shards.setdefault(t.name, []).append(t)
     assert set(shards) == set(hf)
     for name, parts in shards.items():
-        parts = sorted(parts, key=lambda p: p.tp_rank)
-        merged = parts[0].value() if parts[0].tp_dim is None else torch.cat([p.value() for p in parts], parts[0].tp_dim)
+        merged, indices = merge_published(parts)
         want = ep if ".mlp.experts." in name else 1 if parts[0].tp_dim is None else tp
-        assert len(parts) == want and [p.tp_rank for p in parts] == list(range(want)), name
+        assert indices == list(range(want)), name
         assert torch.equal(merged, hf[name]), name
 
 
