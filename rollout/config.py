@@ -69,8 +69,8 @@ class EngineConfig(_Strict):
     record_routing: bool = Field(
         True, description="Mixture-of-experts models: record the experts each token was routed to while "
         "generating (2 x layers x top_k bytes per token), for the trainer's routing_mismatch metric and "
-        "trainer.moe.routing_replay. Needs engine_process inline, tp 1 and an eager engine (enforce_eager true, or "
-        "auto resolving to eager); ignored for dense models.")
+        "trainer.moe.routing_replay. Needs an eager engine (enforce_eager true, or auto resolving to eager), "
+        "in either engine_process and at any tp; ignored for dense models.")
 
     @model_validator(mode="after")
     def _device_fields(self) -> "EngineConfig":
@@ -98,10 +98,9 @@ class EngineConfig(_Strict):
 
     @property
     def records_routing(self) -> bool:
-        """The engine records each token's experts (mixture-of-experts models): the recorder is read in the
-        process that runs the model (engine_process inline, tp 1), and a compiled model traced its routers before
-        the recording hook was bound."""
-        return self.record_routing and self.engine_process == "inline" and self.tp == 1 and self.eager
+        """The engine records each token's experts (mixture-of-experts models). Not in a compiled engine: it
+        traced its routers before the recording hook (rollout/routing_capture.py) was bound."""
+        return self.record_routing and self.eager
 
 
 class RolloutConfig(EngineConfig):

@@ -169,6 +169,8 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         kw["max_num_seqs"] = cfg.max_num_seqs
     if cfg.weight_update == "in_flight":  # no batch in flight between two steps, where the weights change
         kw["async_scheduling"] = False
+    if cfg.records_routing:
+        kw["worker_extension_cls"] = routing_capture.WORKER_EXTENSION
     return kw
 
 
@@ -590,17 +592,16 @@ class RolloutEngine:
             return None
         if not self.cfg.records_routing:
             if llm.llm_engine.vllm_config.model_config.is_moe:
-                log.warning("rollout.record_routing needs engine_process inline, tp 1 and an eager engine "
-                            "(enforce_eager): samples carry no routing")
+                log.warning("rollout.record_routing needs an eager engine (enforce_eager): samples carry no routing")
             return None
-        shape = llm.collective_rpc(routing_capture.install)[0]
+        shape = llm.collective_rpc("tide_record_routing")[0]
         return None if shape is None else tuple(shape)
 
     @_on_engine_thread
     def _routing_records(self) -> dict:
         if self._routing_shape is None or self._llm is None:
             return {}
-        return self._llm.collective_rpc(routing_capture.drain)[0]
+        return routing_capture.from_wire(self._llm.collective_rpc("tide_drain_routing")[0])
 
     def _engine_pid(self) -> int:
         return os.getpid() if self._inline else self._engine_proc().pid

