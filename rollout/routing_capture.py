@@ -18,6 +18,7 @@ every engine layout: a function object would have to be pickled to an engine cor
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,11 @@ def install(worker: Any) -> tuple[int, int] | None:
     runner = worker.model_runner
     if not runner.vllm_config.model_config.is_moe:
         return None
+    if not hasattr(runner, "input_batch"):
+        raise RuntimeError(f"recording the routed experts (rollout.record_routing) needs vLLM's V1 model runner, "
+                           f"whose batch layout the recorder reads; this engine runs {type(runner).__name__} "
+                           f"(VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')!r}): set it to 0 "
+                           f"or rollout.record_routing false")
     num_layers, _, top_k = _get_routed_experts_shape(runner.vllm_config)
     recorder = RoutingRecorder(runner, num_layers, top_k, runner.vllm_config.scheduler_config.max_num_batched_tokens)
     bind_routed_experts_capturer(runner.get_model(), recorder)

@@ -59,6 +59,40 @@ def test_cached_prompt_positions_take_a_siblings_routing():
     assert cached[:2].tolist() == full[:2].tolist() and cached[2].tolist() == [[3, 0]]
 
 
+def test_records_cross_the_engine_process_boundary_unchanged():
+    rec = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2) - 1
+    wire = {"req-1": (rec.tobytes(), list(rec.shape))}
+    back = routing_capture.from_wire(wire)["req-1"]
+    assert back.dtype == np.int16 and (back == rec).all()
+    back[0, 0, 0] = 7  # fill_shared_prefix writes into the records
+
+
+def test_recording_refuses_a_model_runner_it_cannot_read(monkeypatch):
+    """vLLM's V2 runner (GPUs) lays batches out otherwise: the engine fails at start naming the switch, not with
+    misfiled records or an AttributeError at the first step."""
+    from types import SimpleNamespace
+
+    from rollout.config import EngineConfig
+    from rollout.engine import configure_env
+
+    class ModelRunnerV2:
+        vllm_config = SimpleNamespace(model_config=SimpleNamespace(is_moe=True))
+
+    with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER.*rollout.record_routing false"):
+        routing_capture.install(SimpleNamespace(model_runner=ModelRunnerV2()))
+    # configure_env sets this process's environment: here a copy of it
+    import os
+
+    import torch._dynamo
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"})
+    monkeypatch.setattr(torch._dynamo.config, "disable", torch._dynamo.config.disable)
+    configure_env(EngineConfig(record_routing=False))
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    configure_env(EngineConfig())  # records (eager on cpu): the V1 runner, wherever vLLM would pick V2
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
 def test_routing_replay_on_a_dense_model_is_a_config_error(tiny_model_dir):
     from orchestrator.config import ConfigError
     from orchestrator.trainer_group import check_routing_replay
