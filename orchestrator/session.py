@@ -310,10 +310,10 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
         raise ConfigError(f"model {model_dir}: {e}") from None
     if cfg.trainer.moe.routing_replay != "none":
         check_routing_replay(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer))
-        if not cfg.rollout.engine_config(cfg.iterations).records_routing:
+        if not cfg.rollout.record_routing:
             raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
-                              "to: rollout.record_routing true and an eager engine (enforce_eager true)")
-    if is_moe(hf_config) and cfg.rollout.partial_rollout and cfg.rollout.engine_config(cfg.iterations).records_routing:
+                              "to: rollout.record_routing true")
+    if is_moe(hf_config) and cfg.rollout.partial_rollout and cfg.rollout.record_routing:
         raise ConfigError(f"rollout.partial_rollout with a mixture-of-experts model ({hf_config.model_type}) whose "
                           f"routing the engines record: a continued generation's routing is not built; set "
                           f"rollout.record_routing false (and trainer.moe.routing_replay none)")

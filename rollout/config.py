@@ -69,8 +69,8 @@ class EngineConfig(_Strict):
     record_routing: bool = Field(
         True, description="Mixture-of-experts models: record the experts each token was routed to while "
         "generating (2 x layers x top_k bytes per token), for the trainer's routing_mismatch metric and "
-        "trainer.moe.routing_replay. Needs an eager engine (enforce_eager true, or auto resolving to eager), "
-        "in either engine_process and at any tp; ignored for dense models.")
+        "trainer.moe.routing_replay, in every engine layout (engine_process, tp, compiled or eager); ignored for dense "
+        "models.")
 
     @model_validator(mode="after")
     def _device_fields(self) -> "EngineConfig":
@@ -95,12 +95,6 @@ class EngineConfig(_Strict):
         if self.enforce_eager == "auto":
             return self.device == "cpu"
         return self.enforce_eager
-
-    @property
-    def records_routing(self) -> bool:
-        """The engine records each token's experts (mixture-of-experts models). Not in a compiled engine: it
-        traced its routers before the recording hook (rollout/routing_capture.py) was bound."""
-        return self.record_routing and self.eager
 
 
 class RolloutConfig(EngineConfig):

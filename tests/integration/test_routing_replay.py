@@ -85,10 +85,11 @@ def test_rollout_records_every_tokens_experts(rollout):
         assert all((np.sort(g, -1) == np.sort(group[0], -1)).all() for g in group)
 
 
-def test_an_engine_in_its_own_processes_records_the_routing_transformers_computes(ray_cluster, moe_dir):
-    """Recording where a cluster runs its engines: the engine core in a child process (engine_process separate)
-    and the model in two tensor-parallel worker processes. In float32 every recorded routing is the one the
-    model's own router (transformers) picks for that token, position by position."""
+def test_a_compiled_engine_in_its_own_processes_records_the_routing_transformers_computes(ray_cluster, moe_dir):
+    """Recording where a cluster runs its engines: the engine core in a child process (engine_process separate),
+    the model in two tensor-parallel worker processes and compiled (torch.compile; CUDA graphs on GPUs). In
+    float32 every recorded routing is the one the model's own router (transformers) picks for that token,
+    position by position."""
     import ray
     import torch
     from transformers import AutoModelForCausalLM
@@ -97,8 +98,8 @@ def test_an_engine_in_its_own_processes_records_the_routing_transformers_compute
     from rollout.engine import RolloutEngine
     from rollout.tasks import AdditionTask
 
-    cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=True, engine_process="separate", tp=2,
-                       engine_start_timeout_s=400)
+    cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=False, engine_process="separate", tp=2,
+                       engine_start_timeout_s=600)
     engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(moe_dir), cfg, dtype="float32", deterministic=True)
     try:
         samples = ray.get(engine.generate.remote(AdditionTask(1).problems(0, 1, 8), 2, 4, 1.0, 0), timeout=900)

@@ -72,15 +72,15 @@ def test_routing_replay_on_a_dense_model_exits_2(tmp_path, llama3_dir):
 
 
 def test_routing_replay_on_engines_that_cannot_record_exits_2(tmp_path):
-    """Replay needs the rollout's routing: an engine that cannot record it (compiled here) is refused at start-up,
-    not found out at the first train step."""
+    """Replay needs the rollout's routing: engines told not to record it are refused at start-up, not found out at
+    the first train step."""
     from rollout.tasks import AdditionTask
     from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     spec = TinyModelConfig(family="qwen3_moe", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=32)
     model = build_tiny_model(tmp_path / "moe", AdditionTask(1).corpus(), spec)
     proc = _run(tmp_path, model, "trainer.moe.routing_replay=rollout", "rollout.sync_mode=restart",
-                "rollout.enforce_eager=false")
+                "rollout.record_routing=false")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "needs the engines to record the experts they route to" in proc.stderr
     assert not (tmp_path / "run").exists()

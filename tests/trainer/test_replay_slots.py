@@ -67,30 +67,33 @@ def test_records_cross_the_engine_process_boundary_unchanged():
     back[0, 0, 0] = 7  # fill_shared_prefix writes into the records
 
 
-def test_recording_refuses_a_model_runner_it_cannot_read(monkeypatch):
+def test_recording_refuses_a_model_runner_it_cannot_read():
     """vLLM's V2 runner (GPUs) lays batches out otherwise: the engine fails at start naming the switch, not with
     misfiled records or an AttributeError at the first step."""
     from types import SimpleNamespace
 
-    from rollout.config import EngineConfig
-    from rollout.engine import configure_env
+    from rollout import routing_worker
 
     class ModelRunnerV2:
         vllm_config = SimpleNamespace(model_config=SimpleNamespace(is_moe=True))
 
     with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER.*rollout.record_routing false"):
-        routing_capture.install(SimpleNamespace(model_runner=ModelRunnerV2()))
-    # configure_env sets this process's environment: here a copy of it
-    import os
+        routing_worker.install(SimpleNamespace(model_runner=ModelRunnerV2()))
 
-    import torch._dynamo
 
-    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"})
-    monkeypatch.setattr(torch._dynamo.config, "disable", torch._dynamo.config.disable)
-    configure_env(EngineConfig(record_routing=False))
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
-    configure_env(EngineConfig())  # records (eager on cpu): the V1 runner, wherever vLLM would pick V2
-    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+def test_engines_of_moe_models_load_through_the_recorder_and_the_v1_runner(tmp_path, tiny_model_dir):
+    from rollout.config import EngineConfig
+    from rollout.engine import routing_capture_setup
+
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 4}')
+    kwargs, env = routing_capture_setup(EngineConfig(), moe)
+    assert kwargs == {"worker_extension_cls": "rollout.routing_worker.RoutingCaptureExtension",
+                      "load_format": routing_capture.LOAD_FORMAT}
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # wherever vLLM would pick V2
+    assert routing_capture_setup(EngineConfig(record_routing=False), moe) == ({}, {})
+    assert routing_capture_setup(EngineConfig(), tiny_model_dir) == ({}, {})  # dense: vLLM's own loader and runner
 
 
 def test_routing_replay_on_a_dense_model_is_a_config_error(tiny_model_dir):

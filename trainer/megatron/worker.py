@@ -445,7 +445,7 @@ class MegatronWorker:
         routed = mode == "rl" and bool(self._routers) and any(s.routed_experts is not None for s in seqs)
         if mode == "rl" and self.routing_replay and not routed:
             raise ValueError("trainer.moe.routing_replay is rollout but no sequence carries the rollout's routing "
-                             "(rollout.record_routing, with an eager engine)")
+                             "(rollout.record_routing)")
         replay = mode == "rl" and self.routing_replay
         # With replay, what it does is measured on the whole batch before any update: the gap to the rollout with
         # the rollout's routing and with the trainer's own (two forward passes; a mini-batch holds too few
