@@ -313,9 +313,6 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
         if not cfg.rollout.record_routing:
             raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
                               "to: rollout.record_routing true")
-        if cfg.agent is not None:
-            raise ConfigError("trainer.moe.routing_replay: rollout with `agent:` rollouts: a multi-turn trajectory's "
-                              "routing (its turns' records merged) is not built; set routing_replay none")
     if is_moe(hf_config) and cfg.rollout.partial_rollout and cfg.rollout.record_routing:
         raise ConfigError(f"rollout.partial_rollout with a mixture-of-experts model ({hf_config.model_type}) whose "
                           f"routing the engines record: a continued generation's routing is not built; set "

@@ -123,6 +123,30 @@ def fill_shared_prefix(recs: list[np.ndarray], prompt_len: int) -> None:
             missing[:n] &= ~take
 
 
+def extend_record(known: np.ndarray | None, new: np.ndarray) -> np.ndarray:
+    """A multi-turn trajectory's routing after one more engine call on it (the call's prompt is the trajectory so
+    far): positions an earlier call computed keep the routing they were computed with, which is the KV a prefix
+    cache reuses and what the earlier turns' tokens were sampled after; the others take the new call's. (Without
+    a prefix cache the engine computes the earlier positions again, for the later turns; where bf16 routes them
+    apart the second time, the later turns' log-probs were sampled after that routing instead.)"""
+    out = np.full((max(len(new), 0 if known is None else len(known)), *new.shape[1:]), NOT_RECORDED, np.int16)
+    out[:len(new)] = new
+    if known is not None:
+        keep = known[:, :, 0] != NOT_RECORDED
+        out[:len(known)][keep] = known[keep]
+    return out
+
+
+def fit_record(record: np.ndarray | None, positions: int) -> np.ndarray | None:
+    """A record cut or padded (NOT_RECORDED) to a sequence's input positions."""
+    if record is None:
+        return None
+    out = np.full((positions, *record.shape[1:]), NOT_RECORDED, np.int16)
+    n = min(positions, len(record))
+    out[:n] = record[:n]
+    return out
+
+
 def _moe_layers(recs: list[np.ndarray]) -> np.ndarray:
     """Layers any record has experts for (dense layers have none anywhere)."""
     return np.any([(r[..., 0] != NOT_RECORDED).any(axis=0) for r in recs], axis=0)

@@ -28,11 +28,12 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import routing_capture
 from ..samples import Sample, Samples
 from ..tasks.base import Problem
 from .environments import Environment
@@ -204,6 +205,8 @@ class AgentRunner:
                 if engine in finished:
                     for x, s in zip(batch, engine.result().items, strict=True):
                         x.traj.add_sampled(list(s.completion_ids), list(s.logprobs), self.version)
+                        if s.routed_experts is not None:
+                            x.traj.routing = routing_capture.extend_record(x.traj.routing, s.routed_experts)
                         x.messages.append({"role": "assistant", "content": s.text})
                         x.finish = s.finish_reason
                         replying[asyncio.create_task(self._reply(x))] = x
@@ -308,7 +311,8 @@ class AgentRunner:
         return Sample(prompt_index=prompt_index, task_id=task_id, prompt_ids=list(t.prompt_ids),
                       completion_ids=list(t.ids), logprobs=list(t.logprobs),
                       text=last, reward=x.reward, finish_reason=x.finish, loss_mask=list(t.mask),
-                      versions=list(t.versions), conversation=after_prompt)
+                      versions=list(t.versions), conversation=after_prompt,
+                      routed_experts=routing_capture.fit_record(t.routing, len(t.all_ids) - 1))
 
 
 def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float],

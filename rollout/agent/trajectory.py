@@ -29,6 +29,9 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turns: int = 0
+    # the experts a mixture-of-experts model routed each position to [positions, layers, top_k] (the engine's turn
+    # records merged: rollout/routing_capture.extend_record); None for a dense model
+    routing: Any = None
 
     def add_sampled(self, ids: list[int], logprobs: list[float], version: int) -> None:
         if len(ids) != len(logprobs):

@@ -93,3 +93,28 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
     assert (run / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
     resume_cut_back(run, tmp_path / "resumed", 2, timeout=600)
     assert_ends_as(tmp_path / "resumed", run, final_key=None)
+
+
+def test_mixture_of_experts_agent_replays_each_turns_routing(tmp_path, address):
+    """trainer.moe.routing_replay with `agent:`: a trajectory's turns are separate engine calls, whose routing
+    records merge into one per trajectory (rollout/routing_capture.extend_record). In float32 the trainer's own
+    routers agree with the engine's on every token, so every merged record names, position by position, the
+    experts Megatron picks there: mismatch 0 over all the recorded routings (a record off by one position, or a
+    turn's record laid over the wrong positions, reads far above 0)."""
+    path = _guess_config(tmp_path, address)
+    cfg = yaml.safe_load(path.read_text())
+    cfg.update(iterations=2, eval={"every": 0})
+    cfg["model"]["tiny"].update(family="qwen3_moe", num_experts=4, experts_per_token=2, intermediate_size=64)
+    cfg["rollout"].update(sync_mode="restart", probe_every=0)
+    cfg["trainer"]["moe"] = {"routing_replay": "rollout"}
+    path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    proc = tide("run", path, "--run-dir", run, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for m in _jsonl(run / "metrics.jsonl"):
+        assert m["turns/mean"] > 1, m
+        # every position up to a trajectory's last sampled token was computed by some turn's call and recorded;
+        # at least the sampled tokens' positions, in both MoE layers
+        assert m["routed_tokens"] >= 2 * m["tokens"], m
+        assert m["routing_mismatch"] == 0.0 and m["routing_mismatch_trained"] == 0.0, m
+        assert 0 < m["logprob_gap"] <= 1e-5, m

@@ -59,6 +59,24 @@ def test_cached_prompt_positions_take_a_siblings_routing():
     assert cached[:2].tolist() == full[:2].tolist() and cached[2].tolist() == [[3, 0]]
 
 
+def test_a_trajectorys_turns_merge_keeping_each_positions_first_routing():
+    X = routing_capture.NOT_RECORDED
+
+    def rec(*rows):  # one layer, top-1
+        return np.array(rows, dtype=np.int16).reshape(-1, 1, 1)
+
+    turn1 = rec(0, 1, 2)  # prompt of 2 + 2 sampled tokens: positions 0-2
+    # the second call's prompt is the trajectory so far plus an inserted reply; positions 0-1 came from the prefix
+    # cache (not computed: X), 2 was computed again and routed apart (bf16), 3-5 are new
+    turn2 = rec(X, X, 3, 1, 0, 3)
+    merged = routing_capture.extend_record(routing_capture.extend_record(None, turn1), turn2)
+    assert merged[:, 0, 0].tolist() == [0, 1, 2, 1, 0, 3]
+    assert routing_capture.extend_record(turn2, turn1)[:, 0, 0].tolist() == [0, 1, 3, 1, 0, 3]  # never shorter
+    assert routing_capture.fit_record(merged, 4)[:, 0, 0].tolist() == [0, 1, 2, 1]
+    assert routing_capture.fit_record(merged, 8)[:, 0, 0].tolist() == [0, 1, 2, 1, 0, 3, X, X]
+    assert routing_capture.fit_record(None, 3) is None
+
+
 def test_records_cross_the_engine_process_boundary_unchanged():
     rec = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2) - 1
     wire = {"req-1": (rec.tobytes(), list(rec.shape))}
