@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from rollout import routing_capture
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
 
@@ -132,9 +133,8 @@ def _sampling_round(generate: Callable[[list[Problem]], Samples], groups: list[O
         raise RuntimeError(f"partial rollouts: {len(requests)} requests but {len(out)} completions")
     for (group, j, last), segment in zip(slots, out):
         sample = group.samples[j]
-        if segment.routed_experts is not None:
-            raise RuntimeError("partial rollouts with the engines' recorded expert routing are not built "
-                               "(rollout.record_routing false)")
+        if segment.routed_experts is not None:  # the call's prompt was the generation so far
+            sample.routed_experts = routing_capture.extend_record(sample.routed_experts, segment.routed_experts)
         group.segments[j] += 1
         sample.completion_ids = sample.completion_ids + list(segment.completion_ids)
         sample.logprobs = sample.logprobs + list(segment.logprobs)

@@ -177,8 +177,9 @@ class RolloutConfig(EngineConfig):
         "token keeps the policy version that sampled it (its staleness is bounded by max_staleness, needs 2 or "
         "more), and each batch's tokens are checked against the policy that sampled them. With `agent:`, a "
         "trajectory is set aside at the end of the turn that reaches partial_rollout_tokens sampled tokens, after its "
-        "episode's reply (not with the python tool or code_feedback). Not with stop strings or recorded "
-        "mixture-of-experts routing.")
+        "episode's reply (not with the python tool or code_feedback). Not with stop strings. A mixture-of-experts "
+        "model's recorded routing is merged over the segments, each position keeping the routing it was first "
+        "computed with.")
     in_flight_step: int | None = Field(
         None, ge=1, description="With weight_update in_flight: the decode step of a batch drawn ahead (engine steps "
         "since it began; the first step prefills and samples each generation's first token) at which the engines "

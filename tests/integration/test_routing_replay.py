@@ -162,3 +162,28 @@ def test_the_loop_records_the_replay_figures_the_train_step_reports():
     assert replay_gaps(step) == {"logprob_gap_replayed": 1e-3, "logprob_gap_unreplayed": 2e-3}
     assert replay_gaps({"routing_mismatch": 0.01}) == {}  # no replay: no replay figures
     assert {k for k in step if not k.startswith("behaviour_gap")} <= set(TRAIN_METRICS)
+
+
+def test_partial_rollouts_replay_their_segments_routing(tmp_path, address):
+    """rollout.partial_rollout with replay: a generation continued in later batches is several engine calls,
+    whose records merge (rollout/routing_capture.extend_record). With weights that do not move (no warm start:
+    every reward and advantage 0), every merged record names the experts the trainer's routers pick, position by
+    position, over generations of up to three segments."""
+    import json
+    import os
+
+    from tests.integration.run_helpers import ROOT, tide
+
+    run = tmp_path / "run"
+    proc = tide("run", ROOT / "configs/models/qwen3_moe.yaml", f"ray.address={address}", "iterations=3",
+                "save_every=100", "trainer.warmup_sft_steps=0", "trainer.moe.routing_replay=rollout",
+                "rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.partial_rollout_tokens=2",
+                "rollout.mismatch_correction=tis", f"publish.shm_root=/dev/shm/tide-test-replay-{os.getpid()}",
+                "--run-dir", run, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["partial_continued"] for m in metrics) > 0
+    for m in metrics:
+        assert m["routed_tokens"] >= 2 * m["tokens"], m  # at least every trained token's position, both layers
+        assert m["routing_mismatch"] == 0.0 and m["routing_mismatch_trained"] == 0.0, m
+        assert 0 < m["logprob_gap"] <= 1e-5, m
