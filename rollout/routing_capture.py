@@ -82,8 +82,14 @@ class RoutingRecorder:
         return out
 
 
+def to_wire(records: dict[str, np.ndarray]) -> dict[str, tuple[bytes, list[int]]]:
+    """Records as bytes and shape, for a reply from vLLM's workers (routing_worker.py): the reply from an engine
+    core in its own process is msgpack, whose decoder only rebuilds the arrays of typed messages."""
+    return {req: (rec.astype(np.int16, copy=False).tobytes(), list(rec.shape)) for req, rec in records.items()}
+
+
 def from_wire(records: dict[str, tuple[bytes, list[int]]]) -> dict[str, np.ndarray]:
-    """RoutingCaptureExtension.tide_drain_routing's reply (routing_worker.py) as the records (writable arrays)."""
+    """to_wire's records back (writable arrays)."""
     return {req: np.frombuffer(data, dtype=np.int16).reshape(shape).copy() for req, (data, shape) in records.items()}
 
 

@@ -23,7 +23,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from .routing_capture import LOAD_FORMAT, RoutingRecorder
+from .routing_capture import LOAD_FORMAT, RoutingRecorder, to_wire
 
 
 @register_model_loader(LOAD_FORMAT)
@@ -90,6 +90,4 @@ class RoutingCaptureExtension:
         return install(self)
 
     def tide_drain_routing(self) -> dict[str, tuple[bytes, list[int]]]:
-        # as bytes and shape: the reply from an engine core in its own process is msgpack, whose decoder only
-        # rebuilds the arrays of typed messages
-        return {req: (rec.tobytes(), list(rec.shape)) for req, rec in drain(self).items()}
+        return to_wire(drain(self))

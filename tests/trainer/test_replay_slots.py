@@ -79,8 +79,7 @@ def test_a_trajectorys_turns_merge_keeping_each_positions_first_routing():
 
 def test_records_cross_the_engine_process_boundary_unchanged():
     rec = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2) - 1
-    wire = {"req-1": (rec.tobytes(), list(rec.shape))}
-    back = routing_capture.from_wire(wire)["req-1"]
+    back = routing_capture.from_wire(routing_capture.to_wire({"req-1": rec}))["req-1"]
     assert back.dtype == np.int16 and (back == rec).all()
     back[0, 0, 0] = 7  # fill_shared_prefix writes into the records
 
