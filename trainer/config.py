@@ -33,11 +33,17 @@ class ParallelConfig(_Strict):
 
 
 class KLConfig(_Strict):
-    """The YAML `trainer.kl:` section: coef x KL(policy || reference) in the loss, the reference being the
-    policy RL starts from (after the supervised warm start), frozen. coef 0: no reference model at all."""
+    """The YAML `trainer.kl:` section: coef x a KL penalty in the loss, the reference being the policy RL starts
+    from (after the supervised warm start), frozen; which divergence its gradient follows depends on the estimator
+    (the default k3: KL(reference || policy)). coef 0: no reference model at all."""
 
-    coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) in the loss, the reference "
-                        "being the frozen policy RL starts from; 0: no reference model is built.")
+    coef: float = Field(0.0, ge=0, description="Weight of the KL penalty against the frozen policy RL starts from "
+                        "(0: no reference model is built). The divergence it optimises is the one its estimator's "
+                        "gradient follows: with the default k3, KL(reference || policy) (its value estimates KL(policy "
+                        "|| reference)); with k2, KL(policy || reference). Each token's term is weighed by policy / "
+                        "behaviour policy (detached; the mismatch correction's part truncated as configured), so that "
+                        "stale samples and later mini-batches follow that divergence too; under top_p / top_k the "
+                        "tokens outside the sampled set are never seen (docs/training.md).")
     estimator: Literal["k1", "k2", "k3"] = Field(
         "k3", description="Schulman's KL estimator, with r the log-ratio reference / policy per token: k2 = r^2 / "
         "2 (its gradient is that of KL(policy || reference)) or k3 = exp(r) - 1 - r (unbiased and never negative; "
@@ -95,7 +101,8 @@ class TrainerConfig(_Strict):
                       "configs use 1e-3.")
     lr_schedule: LRSchedule = Field(LRSchedule(), description="Per-iteration learning-rate warm-up and decay.")
     kl: KLConfig = Field(KLConfig(), description="KL penalty against the frozen policy RL starts from (off by "
-                         "default).")
+                         "default). With the default estimator k3 it optimises KL(reference || policy): its gradient "
+                         "is the forward divergence's, though its value estimates KL(policy || reference).")
     moe: MoEConfig = Field(MoEConfig(), description="Mixture-of-experts settings: routing replay.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the optimizer; 0: none.")
     grad_clip: float = Field(1.0, gt=0, description="Gradients are clipped to this global L2 norm before each "

@@ -40,22 +40,53 @@ the optimizer steps between the token's sampler and pi_prox and k those taken si
 tide's variant: AReaL and slime count versions per train step (alpha fixed within it); tide counts optimizer steps,
 so on the iteration's first mini-batch (k = 0: pi_theta is pi_prox) the value is exact, not an approximation.
 
-`trainer.kl` adds coef x KL(pi || pi_ref) to the loss, estimated per sampled token with Schulman's estimators
+`trainer.kl` adds coef x a KL penalty to the loss, estimated per sampled token with Schulman's estimators
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
-k3 = exp(r) - 1 - r; summed over each completion and averaged over completions for `kimi` (a sequence-level
-objective), aggregated like the policy loss otherwise.
+k3 = exp(r) - 1 - r (their values estimate KL(pi || pi_ref); the divergence their gradients follow is below);
+summed over each completion and averaged over completions for `kimi` (a sequence-level objective), aggregated like
+the policy loss otherwise.
 - The distributions: both sides' tempered softmax over the whole vocabulary (`sampling.kl_distribution`, veRL's
   choice for its KL term), also when the rollout samples from a top-p / top-k set. The policy-gradient terms use
   the truncated distribution that was sampled; a reference truncated to its own nucleus with the sampled token
   forced in is no distribution (its values summed over the vocabulary exceed 1) and understates the penalty
   exactly where the policy drifts to tokens the reference would not sample. The tokens still come from the
-  truncated policy, so the estimate weighs the tokens of the kept set (as veRL's does).
+  truncated policy, so the estimate sees the tokens of the kept set only (as veRL's does; the weight below
+  corrects their proportions, not that).
 - The gradients, used as a loss on tokens sampled from pi with the sampling not differentiated (Tang & Munos
   2025, "On a few pitfalls in KL divergence gradient estimation for RL"): E[grad k1] = E[grad log pi] = 0, so k1
   does not regularise and is refused as a loss (trainer/config.py); E[grad k2] = E[(log pi - log pi_ref) grad
   log pi] = grad KL(pi || pi_ref); E[grad k3] = E[(1 - pi_ref / pi) grad log pi] = grad KL(pi_ref || pi), the
   forward divergence, not the reverse one its value estimates. tests/trainer/test_losses.py checks all three
   against the exact gradients on a small vocabulary.
+- Off-policy (`kl_importance_weight`): those expectations are over tokens sampled from pi. The tokens come from
+  the behaviour policy pi_b: the engines' (their kernels), a stale policy (a batch drawn ahead; pi_old on every
+  mini-batch after the first) and under top-p / top-k a truncated distribution. Each token's KL term is weighed by
+  pi(y_t) / pi_b(y_t), importance sampling onto the KL term's distribution, so that E_b[weight x grad k] is
+  the named divergence's gradient again: pi under the KL term's distribution over pi_old under the sampled one,
+  times the policy term's mismatch weight w_t (pi_old / pi_b truncated or masked as configured; w_t = 1 and
+  pi_old = pi_b without a correction; under rollout.proximal loglinear pi_old is pi_prox). That the KL term needs
+  the importance weight off-policy as the policy term does is Zhang et al. 2025 ("On the Design of KL-Regularized
+  Policy Gradient Algorithms for LLM Reasoning", arXiv:2505.17508; GRPO's KL term lacks it); a per-token ratio
+  with the contexts as sampled is the token-level off-policy approximation the policy term makes too (Degris,
+  White & Sutton 2012, "Off-Policy Actor-Critic", arXiv:1205.4839). tide's variant: the weight is detached (each
+  estimator's gradient keeps the divergence named above) and its pi / pi_old factor is not clipped (PPO's clip
+  is the surrogate's; only w_t is truncated, as configured). Checked exactly over a small vocabulary for stale
+  and corrected batches: the weighted expectation is the named divergence's gradient, the unweighted one is not.
+- The bias that remains under top-p / top-k: tokens outside the behaviour's kept set S are never sampled, so
+  their part of the gradient, sum over y not in S of pi(y) grad k(y), is missing whatever the weight; the
+  weighted expectation is the exact gradient less exactly that part (tested). On the policy's own samples the
+  weight is the kept mass at the position (pi_KL / pi_sampled <= 1): it takes away the unweighted term's 1 / mass
+  inflation and leaves the direction of each position's term. Measured over V = 50, top_p 0.7, logits N(0, s^2)
+  with s in {1, 2, 3}, reference logits those + N(0, d^2) with d in {0.3, 1}, 20 seeds each (120 cases), cosine
+  to the exact gradient and size relative to it, weighted (unweighted): on the policy's own samples k2 cosine
+  0.56-0.996, median 0.94 (the same), size median 0.93, 0.02-1.10 (1.30, 0.03-1.52); k3 cosine median 0.95,
+  size median 0.92, 0.07-1.02 (1.27, 0.07-1.45); sampled by a stale policy (its logits + N(0, 0.5^2)) k2 cosine
+  median 0.91 (0.87), size 0.89 (1.40, up to 2.43); k3 0.93 (0.89), size 0.86 (1.32, up to 2.57). Without top-p
+  the weighted term is exact (cosine 1, size 1) where the unweighted one had cosine down to 0.59 (k2) and 0.78
+  (k3). The small sizes are peaked policies whose divergence from the reference lies in the tail. Only an exact
+  sum over the vocabulary (the reference's whole distribution at each position, which the reference phase does
+  not keep) would remove this part. Nor is the sequence-level part Tang & Munos describe (the policy's effect on
+  later tokens' contexts) in any per-token estimator.
 
 `trainer.entropy_coef` subtracts coef x H(pi(.|x, y_<t)) from the loss, H the entropy of the sampling
 distribution at each completion position, aggregated like the KL term: entropy regularisation (Williams & Peng
@@ -178,6 +209,7 @@ def policy_loss(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask
             raise ValueError("trainer.kl.coef > 0 needs the reference policy's log-probs")
         kl_logp = logp if kl_logp is None else kl_logp
         kl = kl_estimate(kl_logp, masked_reference(kl_logp, ref_logp, mask), spec.kl_estimator)
+        kl = kl * kl_importance_weight(kl_logp, old_logp, mask, is_weight)
         loss = loss + spec.kl_coef * aggregate(kl, mask, spec.kl_agg, n_seqs, n_tokens)
     if spec.entropy_coef > 0:
         if entropy is None:
@@ -215,6 +247,17 @@ def loglinear_proximal(logp_now: torch.Tensor, logp_behaviour: torch.Tensor, ste
         prox = behaviour + alpha * (now - behaviour)
     weight = torch.exp(torch.clamp(prox - behaviour, max=math.log(tis_cap)))
     return prox, weight
+
+
+def kl_importance_weight(kl_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                         is_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The KL term's per-token importance weight (module docstring), a constant of the loss: pi_theta(y_t) under the
+    KL term's distribution over pi_old(y_t) under the sampled one, times the mismatch correction's weight
+    `is_weight` (pi_old / pi_behaviour, truncated or masked as configured; 1 without one, pi_old being then the
+    behaviour policy). 1 outside the mask, where `old_logp` holds placeholders."""
+    log_ratio = torch.where(mask > 0, kl_logp.detach() - old_logp, 0.0)
+    weight = torch.exp(log_ratio)
+    return weight if is_weight is None else weight * is_weight
 
 
 def length_reward(lengths: torch.Tensor, correct: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

@@ -295,7 +295,9 @@ def test_kl_term_takes_the_policy_under_the_kl_distribution():
     mask, adv = torch.ones(1, 2), torch.zeros(1)
     spec = LossSpec("grpo", kl_coef=0.5, kl_estimator="k3")
     loss = policy_loss(spec, logp, logp.detach(), mask, adv, 1, 2, ref, kl_logp=kl_logp)
-    assert loss.item() == pytest.approx(0.5 * (math.exp(-0.5) - 1 + 0.5) / 2)
+    # each token's term weighed by pi_KL(y) / pi_sampled(y) (kl_importance_weight): e^(-1 + 0.5) on the first,
+    # whose k3 is the only one not 0
+    assert loss.item() == pytest.approx(0.5 * math.exp(-0.5) * (math.exp(-0.5) - 1 + 0.5) / 2)
     loss.backward()
     assert logp.grad.abs().sum().item() == 0 and kl_logp.grad.abs().sum().item() > 0
 
@@ -434,3 +436,122 @@ def test_loglinear_proximal_by_hand():
                        is_weight=w)
     loss.backward()
     assert now.grad.tolist() == [pytest.approx([-2.0 / 3, -math.exp(-0.5) / 3, -1.0 / 3])]
+
+
+def _kl_setting(vocab: int, seed: int, temperature: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(vocab, generator=g, dtype=torch.float64)
+    ref_logits = theta + torch.randn(vocab, generator=g, dtype=torch.float64)
+    stale = theta + 0.7 * torch.randn(vocab, generator=g, dtype=torch.float64)  # the policy some steps ago
+    return theta, ref_logits, stale
+
+
+def _named_kl_gradient(theta: torch.Tensor, ref_logits: torch.Tensor, estimator: str, temperature: float):
+    """The exact gradient of the divergence the estimator's gradient follows (Tang & Munos 2025), over the KL
+    term's distribution (the whole tempered vocabulary): k2 -> KL(pi || ref), k3 -> KL(ref || pi)."""
+    t = theta.clone().requires_grad_(True)
+    lp, rl = (t / temperature).log_softmax(-1), (ref_logits / temperature).log_softmax(-1)
+    kl = (lp.exp() * (lp - rl)).sum() if estimator == "k2" else (rl.exp() * (rl - lp)).sum()
+    kl.backward()
+    return t.grad
+
+
+def _logp(logits: torch.Tensor, y: int, dist: TokenDistribution) -> torch.Tensor:
+    """log p(y) under `dist` in the logits' own precision (float64 here; trainer.sampling computes in float32), the
+    sampled token kept in a truncated set as sampling.processed_logits keeps it."""
+    from trainer.sampling import truncate_logits
+
+    z = logits / dist.temperature
+    if dist.truncates:
+        keep = torch.isfinite(truncate_logits(z.detach(), dist.top_k, dist.top_p))
+        keep[y] = True
+        z = z.masked_fill(~keep, float("-inf"))
+    return z.log_softmax(-1)[y].reshape(1, 1)
+
+
+def _expected_kl_term_gradient(theta, ref_logits, behaviour_logits, sampled: TokenDistribution, estimator: str,
+                               old_logits=None, tis_cap: float = 1e9):
+    """E over y ~ the behaviour's sampled distribution of the gradient of policy_loss's KL term on the one token y
+    (zero advantage: the surrogate adds nothing), summed exactly over the vocabulary. Without `old_logits` the batch
+    carries the behaviour's log-probs as pi_old (no correction); with them, pi_old is that policy's (recomputed by
+    the trainer) and each token's is_weight min(pi_old / pi_b, tis_cap), as orchestrator/mismatch.py's tis."""
+    from trainer.sampling import kl_distribution, truncate_logits
+
+    kl_dist = kl_distribution(sampled)
+    q = truncate_logits(behaviour_logits / sampled.temperature, sampled.top_k, sampled.top_p).softmax(-1)
+    t = theta.clone().requires_grad_(True)
+    spec = LossSpec("grpo", kl_coef=1.0, kl_estimator=estimator)
+    total = torch.zeros((), dtype=torch.float64)
+    for y in torch.nonzero(q > 0)[:, 0].tolist():
+        behaviour = _logp(behaviour_logits, y, sampled)
+        if old_logits is None:
+            old, w = behaviour, None
+        else:
+            old = _logp(old_logits, y, sampled)
+            w = torch.exp(torch.clamp(old - behaviour, max=math.log(tis_cap)))
+        loss = policy_loss(spec, _logp(t, y, sampled), old, torch.ones(1, 1), torch.zeros(1, dtype=torch.float64), 1,
+                           1, _logp(ref_logits, y, kl_dist), is_weight=w, kl_logp=_logp(t, y, kl_dist))
+        total = total + q[y] * loss
+    total.backward()
+    return t.grad
+
+
+def _unweighted_kl_gradient(theta, ref_logits, behaviour_logits, sampled: TokenDistribution, estimator: str):
+    """The same expectation of the KL term as tide computed it before issue 58 (no importance weight)."""
+    from trainer.losses import kl_estimate
+    from trainer.sampling import truncate_logits
+
+    q = truncate_logits(behaviour_logits / sampled.temperature, sampled.top_k, sampled.top_p).softmax(-1)
+    t = theta.clone().requires_grad_(True)
+    lp, ref = (t / sampled.temperature).log_softmax(-1), (ref_logits / sampled.temperature).log_softmax(-1)
+    (q * kl_estimate(lp, ref, estimator)).sum().backward()
+    return t.grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_weighted_kl_term_follows_the_named_divergence_on_a_stale_batch(estimator, temperature):
+    """Issue 58 item 8: on tokens a stale policy sampled (a batch drawn ahead, a later mini-batch), the KL term
+    weighed by pi_theta / pi_behaviour (detached) has, exactly over a 7-token vocabulary, the expected gradient of
+    the divergence it names (k2: KL(pi || ref), k3: KL(ref || pi)); unweighted it has not. Also through a mismatch
+    correction: pi_old recomputed by the trainer and tis's min(pi_old / pi_b, cap), uncapped here."""
+    theta, ref_logits, stale = _kl_setting(7, seed=3)
+    dist = TokenDistribution(temperature=temperature)
+    exact = _named_kl_gradient(theta, ref_logits, estimator, temperature)
+    weighted = _expected_kl_term_gradient(theta, ref_logits, stale, dist, estimator)
+    torch.testing.assert_close(weighted, exact, rtol=1e-9, atol=1e-12)
+    old = stale + 0.3 * torch.randn(7, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    corrected = _expected_kl_term_gradient(theta, ref_logits, stale, dist, estimator, old_logits=old)
+    torch.testing.assert_close(corrected, exact, rtol=1e-9, atol=1e-12)
+    unweighted = _unweighted_kl_gradient(theta, ref_logits, stale, dist, estimator)
+    assert (unweighted - exact).norm() > 0.05 * exact.norm()
+    # on the policy's own samples the weight is 1: the same as before
+    own = _expected_kl_term_gradient(theta, ref_logits, theta, dist, estimator)
+    torch.testing.assert_close(own, _unweighted_kl_gradient(theta, ref_logits, theta, dist, estimator), rtol=1e-9,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("behaviour", ["own", "stale"])
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_weighted_kl_term_under_top_p_misses_only_the_unsampled_tail(estimator, behaviour):
+    """Under top-p the tokens outside the behaviour's nucleus S are never sampled, so no weighting of the sampled
+    ones recovers their part of the gradient. Weighed by pi_KL / pi_behaviour, the KL term's expected gradient is
+    the named divergence's exact gradient less exactly that part, sum over y outside S of pi(y) grad k(y), written
+    out by hand in the logits here (k2: grad_z k(y) = (log pi(y) - log ref(y)) (e_y - pi); k3: (1 - ref(y) / pi(y))
+    (e_y - pi)); unweighted it is not (on the policy's own samples it is that, divided by the nucleus' mass)."""
+    theta, ref_logits, stale = _kl_setting(8, seed=5)
+    dist = TokenDistribution(top_p=0.7)
+    behaviour_logits = theta if behaviour == "own" else stale
+    from trainer.sampling import truncate_logits
+
+    outside = ~torch.isfinite(truncate_logits(behaviour_logits, 0, 0.7))
+    assert 0 < outside.sum() < 8
+    lp, rl = theta.log_softmax(-1), ref_logits.log_softmax(-1)
+    pi = lp.exp()
+    a = (lp - rl) if estimator == "k2" else (1 - torch.exp(rl - lp))
+    tail = sum(pi[y] * a[y] * (torch.eye(8, dtype=torch.float64)[y] - pi) for y in torch.nonzero(outside)[:, 0])
+    exact = _named_kl_gradient(theta, ref_logits, estimator, 1.0)
+    weighted = _expected_kl_term_gradient(theta, ref_logits, behaviour_logits, dist, estimator)
+    torch.testing.assert_close(weighted, exact - tail, rtol=1e-9, atol=1e-12)
+    unweighted = _unweighted_kl_gradient(theta, ref_logits, behaviour_logits, dist, estimator)
+    assert (unweighted - (exact - tail)).norm() > 0.05 * exact.norm()

@@ -15,8 +15,8 @@ import torch
 
 from trainer.batch import LoglinearProximal, TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import (advantages, clip_counts, kl_estimate, loglinear_proximal, masked_reference,
-                            policy_loss)
+from trainer.losses import (advantages, clip_counts, kl_estimate, kl_importance_weight, loglinear_proximal,
+                            masked_reference, policy_loss)
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, kl_distribution, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
@@ -607,8 +607,9 @@ class MegatronWorker:
                 sq = (((logp - old) ** 2) * mask).sum()
                 gap = _behaviour_gap(logp, mb, old_recomputed)
                 if ref is not None:
-                    ref = masked_reference(kl_logp, ref, mask)
-                    kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask).sum()
+                    ref = masked_reference(kl_logp, ref, mask)  # weighed as the loss weighs it: what the term saw
+                    kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask
+                          * kl_importance_weight(kl_logp, old, mask, w)).sum()
                 if spec.kind == "grpo":
                     clip_low, clip_high = clip_counts(logp, old, adv_mb, mask, spec.clip_eps_low, spec.clip_eps_high)
             stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap,
