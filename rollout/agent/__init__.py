@@ -4,6 +4,7 @@ model's tokens as sampled, and the runner that drives them turn by turn on the e
 from .environments import CodeFeedback, Environment, GuessingGame, Step
 from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser
 from .python_tool import PythonSession
+from .rendering import encode_text
 from .runner import (AgentLimits, AgentRunner, EnvEpisode, Episode, OpenTrajectory, Reply, ToolEpisode,
                      agent_metrics)
 from .tools import Tool, ToolBox, ToolOutcome, load_tool, tool_from_function
@@ -13,4 +14,4 @@ __all__ = ["CodeFeedback", "Environment", "GuessingGame", "Step", "PARSERS", "He
            "ParsedTurn", "ToolCall", "ToolParser", "get_parser", "PythonSession", "AgentLimits", "AgentRunner",
            "EnvEpisode", "Episode", "OpenTrajectory", "Reply", "ToolEpisode", "agent_metrics", "Tool", "ToolBox",
            "ToolOutcome", "load_tool", "tool_from_function", "NotAppendOnly", "Trajectory", "demonstration",
-           "inserted_tokens", "render"]
+           "inserted_tokens", "render", "encode_text"]

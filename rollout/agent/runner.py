@@ -38,6 +38,7 @@ from ..samples import Sample, Samples
 from ..tasks.base import Problem
 from .environments import Environment
 from .parsers import ToolParser
+from .rendering import encode_text
 from .tools import ToolBox
 from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
 
@@ -289,15 +290,16 @@ class AgentRunner:
 
     def _clip(self, message: dict[str, Any]) -> dict[str, Any]:
         """A tool's result cut to its first max_tool_response_tokens tokens; an environment's reply to its first
-        line (what happened) and its last tokens (where errors and verdicts are)."""
-        ids = self.tokenizer.encode(message["content"], add_special_tokens=False)
+        line (what happened) and its last tokens (where errors and verdicts are). Counted and cut as the rendering
+        encodes contents (rollout/agent/rendering.py)."""
+        ids = encode_text(self.tokenizer, message["content"])  # as the rendering encodes it: text, never control
         n = self.limits.max_tool_response_tokens
         if len(ids) <= n:
             return message
         if message.get("role") == "tool":
             return {**message, "content": self.tokenizer.decode(ids[:n]) + f"\n... ({len(ids) - n} tokens cut)"}
         head = message["content"].split("\n", 1)[0]
-        keep = max(0, n - len(self.tokenizer.encode(head, add_special_tokens=False)))
+        keep = max(0, n - len(encode_text(self.tokenizer, head)))
         tail = self.tokenizer.decode(ids[len(ids) - keep:]) if keep else ""
         return {**message, "content": f"{head}\n... ({len(ids) - keep} tokens cut)\n{tail}"}
 

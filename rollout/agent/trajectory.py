@@ -7,7 +7,8 @@ and the same conversation with the new messages and the next generation prompt (
 template only appends; otherwise `NotAppendOnly`, naming the template's change). The inserted tokens are then
 (1) what the template puts after the model's last sampled token that the model did not sample itself -- e.g.
 the "\\n" a ChatML template writes after `<|im_end|>`, where generation stopped; dropping it is the
-re-tokenisation drift of veRL #6501 / TRL #5224 -- and (2) F minus P.
+re-tokenisation drift of veRL #6501 / TRL #5224 -- and (2) F minus P. Renderings keep what tools and
+environments return as data: their text never becomes a control token (rollout/agent/rendering.py).
 
 Per token: the loss mask (1 for sampled tokens, 0 for the prompt and inserted tokens), the behaviour log-prob
 (sampled tokens; 0.0 elsewhere) and the policy version that produced it (-1 for tokens no policy produced)."""
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from .rendering import render
 
 
 class NotAppendOnly(ValueError):
@@ -64,13 +67,6 @@ class Trajectory:
     def masked_share(self) -> float:
         """The share of the completion's tokens that tide inserted (not trained on)."""
         return 1 - sum(self.mask) / len(self.mask) if self.mask else 0.0
-
-
-def render(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
-    """The conversation's token ids as the chat template renders them."""
-    out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
-                                        add_generation_prompt=generation_prompt, return_dict=False)
-    return list(out["input_ids"] if isinstance(out, dict) else out)
 
 
 def inserted_tokens(tokenizer, messages: list[dict[str, Any]], new_messages: list[dict[str, Any]],

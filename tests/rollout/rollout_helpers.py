@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -71,23 +72,61 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max((abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys)), default=0.0)
 
 
-def scripted_generate(tokenizer, script: dict[int, list[str]]):
-    """A stand-in for the engine's sampling in agent-loop tests: trajectory i's turns are `script[i]` in order,
-    tokenised and ended with the end-of-sequence token as a sampled turn would be."""
+@dataclass(frozen=True)
+class Turn:
+    """A scripted model turn: its text, the ids sampled for it (default: the text encoded, then the end of the
+    turn unless the token limit cut it) and why it ended."""
+
+    text: str
+    ids: tuple[int, ...] | None = None
+    finish: str = "stop"
+
+
+def scripted_generate(tokenizer, script: dict[int, list], end_of_turn: int | None = None):
+    """A stand-in for the engine's sampling in agent-loop tests: trajectory i's turns are `script[i]` in order (a
+    text, or a Turn), tokenised and ended with `end_of_turn` (default: the end-of-sequence token) as a sampled turn
+    would be."""
     from collections import Counter
 
     from rollout.samples import Sample, Samples
 
     turns = Counter()
+    end = tokenizer.eos_token_id if end_of_turn is None else end_of_turn
 
     def generate(problems, max_new, seed):
         items = []
         for p in problems:
             i = int(p.task_id)
-            text = script[i][turns[i]]
+            turn = script[i][turns[i]]
             turns[i] += 1
-            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            turn = turn if isinstance(turn, Turn) else Turn(turn)
+            ids = list(turn.ids) if turn.ids is not None else tokenizer.encode(turn.text, add_special_tokens=False) + (
+                [end] if turn.finish == "stop" else [])
             items.append(Sample(prompt_index=0, task_id=p.task_id, prompt_ids=list(p.prompt_ids), completion_ids=ids,
-                                logprobs=[-0.1] * len(ids), text=text, finish_reason="stop"))
+                                logprobs=[-0.1] * len(ids), text=turn.text, finish_reason=turn.finish))
         return Samples(items)
     return generate
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chatml_tokenizer():
+    """A byte-level BPE tokenizer with merges (words are single tokens) and ChatML's special tokens, with a ChatML
+    template: what Qwen's tokenizers look like, small."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = ["hello world", "the tool said 42", "user assistant system tool", "print the answer", "tool_call"]
+    tok.train_from_iterator(corpus * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:])
+    fast.chat_template = CHATML
+    return fast
