@@ -140,7 +140,8 @@ class Agent:
             tools.insert(0, py.tool())
         # a tool's output is cut to max_tool_response_tokens by the runner; the characters' bound keeps a flood
         # from being tokenised whole first
-        box = ToolBox(tools, timeout_s=self.cfg.tool_timeout_s, max_chars=16 * self.cfg.max_tool_response_tokens)
+        box = ToolBox(tools, timeout_s=self.cfg.tool_timeout_s, max_chars=16 * self.cfg.max_tool_response_tokens,
+                      max_parallel_calls=self.cfg.max_parallel_calls)
         return ToolEpisode(messages, self.parser, box, counts, resources)
 
     def _environment(self):
@@ -158,8 +159,8 @@ class _SystemFirst:
     def start(self) -> list[dict[str, Any]]:
         return with_system_prompt(self.episode.start(), self.system_prompt)
 
-    async def respond(self, assistant_text: str):
-        return await self.episode.respond(assistant_text)
+    async def respond(self, assistant_text: str, ending: str = ""):
+        return await self.episode.respond(assistant_text, ending)
 
 
 def env_columns(problem: Problem) -> dict[str, Any]:

@@ -49,6 +49,10 @@ class AgentConfig(_Strict):
                                           "how many were cut.")
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds a tool call may take before it fails as a "
                                   "timeout (the model reads the error; counted in tools/timeouts).")
+    max_parallel_calls: int = Field(4, ge=1, description="Tool calls of one trajectory running at once (the threads "
+                                    "its sync tools may hold, a hung one's included): one trajectory's calls never "
+                                    "hold what another's need. A stateful tool (`python`) takes a turn's calls one "
+                                    "after another, in the order written.")
     overlap: bool | None = Field(None, description="Call the engines for the trajectories whose tools have "
                                  "answered while other trajectories' tools still run (tool time hides behind "
                                  "generation); false: every live trajectory advances one turn per engine call, in "

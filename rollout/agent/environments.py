@@ -2,7 +2,14 @@
 observation) and says when the episode ends and what it earned.
 
     env.reset(problem_columns) -> messages to start from
-    env.step(assistant_text) -> Step(messages to append, reward, done)
+    env.step(assistant_text) -> Step(messages to append, reward, done, solved)
+
+The contract of `step`, for every environment: `reward` is what the trajectory has earned should it end right after
+this step, whoever ends it -- the environment (`done`), or tide at its limits (the turn ran out of tokens,
+max_turns, max_total_tokens, the engines' context, a template that rewrites). The runner steps the environment on
+every model turn, the one it ends the trajectory after included, keeps the last step's reward as the trajectory's,
+and drops that step's messages when the trajectory does not go on (rollout/agent/episodes.py). So what an attempt
+earns never depends on what cut the trajectory.
 
 `GuessingGame` is PipelineRL's: a secret number in 1..N, "higher"/"lower" after each guess, and a reward that
 falls with the number of guesses (1 on the first, falling linearly to 1/max_turns on the last allowed one, 0 when
@@ -10,7 +17,8 @@ never found), so that a policy learns to bisect rather than only to find.
 
 `CodeFeedback` is code with execution feedback: the model's code runs against the problem's tests in the sandbox
 (tests mode, verdicts the code cannot forge); the failing tests go back to the model, which tries again, up to
-`max_turns`. The reward is the last attempt's pass fraction, as the `code` reward gives a single attempt."""
+`max_turns`. The reward is the last attempt's pass fraction, as the `code` reward gives a single attempt: every
+step returns its attempt's fraction."""
 from __future__ import annotations
 
 import re
@@ -21,7 +29,7 @@ from typing import Any, Protocol
 @dataclass(frozen=True)
 class Step:
     messages: list[dict[str, str]] = field(default_factory=list)
-    reward: float = 0.0
+    reward: float = 0.0  # the trajectory's, should it end after this step (the module's contract)
     done: bool = False
     solved: bool = False  # the episode ended in success (the number found, every test passed)
 
@@ -100,5 +108,5 @@ class CodeFeedback:
         detail = (r.stderr or r.stdout).strip()[-self.max_feedback_chars:]
         why = "" if r.status.value == "ok" else f" ({r.status.value.replace('_', ' ')})"
         return Step([{"role": "user", "content": f"{total - passed} of {total} tests failed{why}. Fix the code.\n"
-                                                 f"{detail}"}], 0.0, False)
+                                                 f"{detail}"}], fraction, False)
 

@@ -27,6 +27,8 @@ class ParsedTurn:
     content: str  # the turn's text outside its tool calls
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one per call that could not be read, saying why
+    # the text ends inside a call (its last error): what a turn cut by the token limit leaves
+    truncated: bool = False
 
 
 class ToolParser(Protocol):
@@ -79,7 +81,7 @@ class HermesParser:
             if end < 0:
                 errors.append(f"a {self._OPEN} without its {self._CLOSE} (was the turn cut short?): "
                               f"{_clip(rest[start:])!r}")
-                break
+                return ParsedTurn("".join(content).strip(), calls, errors, truncated=True)
             body = rest[start + len(self._OPEN):end].strip()
             rest = rest[end + len(self._CLOSE):]
             if self._OPEN in body:
@@ -121,9 +123,10 @@ class Llama3JsonParser:
         while pos < len(body):
             try:
                 obj, end = decoder.raw_decode(body, pos)
-            except ValueError as e:
+            except json.JSONDecodeError as e:
                 errors.append(f"a tool call that is not JSON ({e}): {_clip(body[pos:])!r}")
-                break
+                # the text ran out inside the object (not a wrong character before its end)
+                return ParsedTurn("", calls, errors, truncated=e.pos >= len(body) or _unclosed(body[pos:]))
             got = _call(obj, "parameters")
             (calls if isinstance(got, ToolCall) else errors).append(got)
             pos = end
@@ -133,6 +136,21 @@ class Llama3JsonParser:
 
     def format(self, calls: list[ToolCall]) -> str:
         return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
+
+
+def _unclosed(text: str) -> bool:
+    """A JSON text cut short: more brackets opened than closed outside strings."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return depth > 0 or in_string
 
 
 PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}

@@ -1,12 +1,13 @@
 """The multi-turn rollout: every trajectory of a batch goes turn by turn -- the engine samples its turn, its
 episode replies -- until each ends.
 
-An episode says what follows a model turn: `ToolEpisode` parses tool calls and runs them (results as `tool`
-messages; a malformed call or a failed tool becomes an error message the model reads, and is counted), and
-`EnvEpisode` asks an Environment (rollout/agent/environments.py). A trajectory ends when its episode says so,
-when the model's turn ends without a call (tools), at `max_turns`, when the model's turn ran out of tokens, or
-when the next turn would pass `max_total_tokens` or the engines' context; the sampled tokens are never re-encoded
-(rollout/agent/trajectory.py), so what the trainer trains on is what the engine sampled, plus masked inserts.
+An episode says what follows a model turn (rollout/agent/episodes.py): `ToolEpisode` runs the turn's tool calls,
+`EnvEpisode` steps an Environment. A trajectory ends when its episode says so, when the model's turn ends without
+a call (tools), at `max_turns`, when the model's turn ran out of tokens, or when the reply would pass
+`max_total_tokens` or the engines' context. Whether the turn just sampled is the last (its length, max_turns) is
+decided before the episode is asked, so that no tool runs for a reply nobody reads; an environment still steps on
+that turn, since its step is what scores it. The sampled tokens are never re-encoded (rollout/agent/trajectory.py),
+so what the trainer trains on is what the engine sampled, plus masked inserts.
 
 Scheduling: every trajectory's turn is sampled with its own seed and token budget, so what a trajectory samples
 does not depend on which others share an engine call. In lockstep the engine is called once per turn with every
@@ -30,77 +31,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from .. import routing_capture
 from ..samples import Sample, Samples
 from ..tasks.base import Problem
-from .environments import Environment
-from .parsers import ToolParser
+from .episodes import EnvEpisode, Episode, Reply, ToolEpisode  # noqa: F401  (the runner's interface)
 from .rendering import encode_text
-from .tools import ToolBox
 from .trajectory import NotAppendOnly, Trajectory, inserted_tokens, render
 
 log = logging.getLogger(__name__)
 # generate(problems, max_new_tokens, seed) -> one Sample per problem, in order
 Generate = Callable[[list[Problem], int, int], Samples]
-
-
-@dataclass(frozen=True)
-class Reply:
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    done: bool = False
-    reward: float | None = None  # set by episodes that score themselves (environments)
-    solved: bool = False  # an environment's episode ended in success (counted in env/solved, env/turns_solved)
-
-
-class Episode(Protocol):
-    def start(self) -> list[dict[str, Any]]: ...
-
-    async def respond(self, assistant_text: str) -> Reply: ...
-
-
-class EnvEpisode:
-    def __init__(self, env: Environment, columns: dict[str, Any]) -> None:
-        self.env, self.columns = env, columns
-
-    def start(self) -> list[dict[str, Any]]:
-        return self.env.reset(self.columns)
-
-    async def respond(self, assistant_text: str) -> Reply:
-        step = await asyncio.to_thread(self.env.step, assistant_text)  # a sandbox call must not hold the others
-        return Reply(step.messages, step.done, step.reward, step.solved)
-
-
-class ToolEpisode:
-    """A conversation in which the model may call tools; it ends at the first turn without a call."""
-
-    def __init__(self, messages: list[dict[str, Any]], parser: ToolParser, tools: ToolBox,
-                 counts: Counter, resources: Sequence[Any] = ()) -> None:
-        self.messages, self.parser, self.tools, self.counts = messages, parser, tools, counts
-        self.resources = list(resources)  # closed when the trajectory ends (e.g. its python tool's session)
-        self.latencies: list[float] = []
-
-    async def close(self) -> None:
-        await asyncio.gather(*[r.close() for r in self.resources])
-
-    def start(self) -> list[dict[str, Any]]:
-        return list(self.messages)
-
-    async def respond(self, assistant_text: str) -> Reply:
-        turn = self.parser.parse(assistant_text)
-        self.counts["parse_errors"] += len(turn.errors)
-        if not turn.calls and not turn.errors:
-            return Reply(done=True)
-        outcomes = await asyncio.gather(*[self.tools.call(c) for c in turn.calls])
-        self.counts["calls"] += len(outcomes)
-        for o in outcomes:
-            self.latencies.append(o.latency_s)
-            if o.failure:
-                self.counts[f"failed_{o.failure}"] += 1
-        texts = [o.text for o in outcomes] + [f"error: the tool call could not be read: {e}" for e in turn.errors]
-        return Reply([{"role": "tool", "content": t} for t in texts])
 
 
 @dataclass(frozen=True)
@@ -190,7 +133,8 @@ class AgentRunner:
 
     async def _run(self, live: list[OpenTrajectory],
                    segment_tokens: int | None) -> tuple[list[OpenTrajectory], list[OpenTrajectory]]:
-        # every trajectory's tool call or environment step may wait on I/O at once (the default pool has 6 threads)
+        # every trajectory's environment step may wait on I/O at once (the default pool has 6 threads); tool calls
+        # run in their own tool box's threads (rollout/agent/tools.py), so that no trajectory holds what another needs
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(min(256, len(live) + 2)))
         waiting, replying, done, aside, closing = list(live), {}, [], [], []
         engine: asyncio.Task | None = None
@@ -210,7 +154,7 @@ class AgentRunner:
                             x.traj.routing = routing_capture.extend_record(x.traj.routing, s.routed_experts)
                         x.messages.append({"role": "assistant", "content": s.text})
                         x.finish = s.finish_reason
-                        replying[asyncio.create_task(self._reply(x))] = x
+                        replying[asyncio.create_task(self._reply(x, self._ending(x)))] = x
                     engine = None
                 for task in [t for t in finished if t in replying]:
                     x = replying.pop(task)
@@ -242,12 +186,16 @@ class AgentRunner:
         finally:
             self.timings["generate_s"] += time.monotonic() - t0
 
-    async def _reply(self, x: OpenTrajectory) -> Reply:
+    def _ending(self, x: OpenTrajectory) -> str:
+        """Why the trajectory ends after the turn it just sampled, whatever its episode replies; or ""."""
+        return "length" if x.finish == "length" else "max_turns" if x.traj.turns >= self.limits.max_turns else ""
+
+    async def _reply(self, x: OpenTrajectory, ending: str) -> Reply:
         if self._busy == 0:
             self._busy_since = time.monotonic()
         self._busy += 1
         try:
-            return await x.episode.respond(x.messages[-1]["content"])
+            return await x.episode.respond(x.messages[-1]["content"], ending)
         finally:
             self._busy -= 1
             if self._busy == 0:
@@ -258,8 +206,7 @@ class AgentRunner:
         if reply.reward is not None:
             x.reward = reply.reward
         x.solved = x.solved or reply.solved
-        why = ("episode" if reply.done else "length" if x.finish == "length"
-               else "max_turns" if x.traj.turns >= self.limits.max_turns else "")
+        why = "episode" if reply.done else self._ending(x)
         if not why:
             why = self._insert(x, reply.messages)
         if why:
@@ -320,7 +267,8 @@ class AgentRunner:
 def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float],
                   outcomes: Sequence[tuple[int, bool]] = ()) -> dict[str, float]:
     """One iteration's agent metrics, under TRL's names where it has them (`tools/call_frequency`,
-    `tools/failure_frequency`): calls and parse errors per trajectory, the share of calls that failed, timeouts,
+    `tools/failure_frequency`): calls, parse errors and calls cut short by the token limit (not run) per trajectory,
+    the share of calls that failed, timeouts,
     tool latency p50/p95, turns per trajectory (mean, max) and the share of completion tokens tide inserted; with
     environments' `outcomes` (turns, solved) per trajectory, the solved share and the mean turns of a solved one
     (NaN when none was)."""
@@ -335,7 +283,9 @@ def agent_metrics(samples: Samples, counts: Counter, latencies: Sequence[float],
     def pct(q: float) -> float:
         return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
     return {"tools/call_frequency": calls / n, "tools/failure_frequency": failed / calls if calls else 0.0,
-            "tools/parse_errors": counts.get("parse_errors", 0) / n, "tools/timeouts": float(counts.get("failed_timeout", 0)),
+            "tools/parse_errors": counts.get("parse_errors", 0) / n,
+            "tools/truncated_calls": counts.get("truncated_calls", 0) / n,
+            "tools/timeouts": float(counts.get("failed_timeout", 0)),
             "tools/latency_p50_s": pct(0.5), "tools/latency_p95_s": pct(0.95),
             "turns/mean": sum(turns) / len(turns) if turns else 0.0, "turns/max": float(max(turns, default=0)),
             "masked_token_share": sum(m == 0 for s in samples for m in (s.loss_mask or [])) / tokens if tokens else 0.0,

@@ -182,3 +182,158 @@ def test_overlap_generates_for_some_while_others_tools_run_and_samples_the_same(
     for a, b in zip(locked, overlapped, strict=True):
         assert (a.completion_ids, a.loss_mask, a.logprobs, a.text) == (b.completion_ids, b.loss_mask, b.logprobs, b.text)
     assert timings["generate_s"] > 0 and timings["tool_s"] > 0
+
+
+def _call(name: str, **arguments) -> str:
+    import json
+
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def test_a_turn_the_trajectory_ends_after_runs_no_tool(tokenizer):
+    """Whether a turn is the last (its tokens ran out, max_turns) is decided before its calls would run: no tool
+    runs for a reply nobody reads, and a call the token limit cut short is counted as truncated, not as the
+    model's parse error."""
+    from rollout_helpers import Turn
+
+    ran = []
+
+    def count(tag: str) -> str:
+        """Count a call.
+
+        Args:
+            tag: which call
+        """
+        ran.append(tag)
+        return "counted"
+
+    script = {0: [Turn(_call("count", tag="cut") + '<tool_call>{"name": "count", "argu', finish="length")],
+              1: [_call("count", tag="t1"), _call("count", tag="last")],
+              2: [_call("count", tag="t2"), "the answer is 4"],  # an answer on the last turn ends it as its own
+              3: [Turn("the answer is", finish="length")]}
+    counts = Counter()
+    box = ToolBox([tool_from_function(count)])
+    runner = AgentRunner(scripted_generate(tokenizer, script), tokenizer,
+                         AgentLimits(max_turns=2, max_total_tokens=2000), tools=box.schemas)
+    episodes = [ToolEpisode([{"role": "user", "content": str(i)}], HermesParser(), box, counts) for i in range(4)]
+    samples = runner.run(episodes, seed=0).items
+    assert [s.finish_reason for s in samples] == ["length", "max_turns", "episode", "length"]
+    assert sorted(ran) == ["t1", "t2"]  # neither the cut turn's complete call nor the last turn's ran
+    assert (counts["calls"], counts["truncated_calls"], counts["parse_errors"]) == (2, 1, 0)
+    m = agent_metrics(Samples(samples), counts, [])
+    assert (m["tools/truncated_calls"], m["tools/parse_errors"], m["tools/call_frequency"]) == (0.25, 0.0, 0.5)
+
+
+def test_a_stateful_tools_calls_of_one_turn_run_in_order_one_at_a_time(tokenizer):
+    """Calls to a stateful tool (one interpreter) run one after another in the order the model wrote them, however
+    long each takes; a stateless tool's run together."""
+    import asyncio
+    import time
+
+    events: list[str] = []
+
+    async def cell(code: str, seconds: float) -> str:
+        """Run a cell.
+
+        Args:
+            code: the cell
+            seconds: how long it takes
+        """
+        events.append(f"start {code}")
+        await asyncio.sleep(seconds)
+        events.append(f"end {code}")
+        return code
+
+    async def lookup(key: str, seconds: float) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+            seconds: how long it takes
+        """
+        await asyncio.sleep(seconds)
+        return key
+
+    turn = (_call("cell", code="x = 1", seconds=0.3) + _call("lookup", key="a", seconds=0.3)
+            + _call("cell", code="print(x)", seconds=0.0) + _call("lookup", key="b", seconds=0.3))
+    box = ToolBox([tool_from_function(cell, stateful=True), tool_from_function(lookup)])
+    counts = Counter()
+    runner = AgentRunner(scripted_generate(tokenizer, {0: [turn, "done"]}), tokenizer,
+                         AgentLimits(max_turns=3, max_total_tokens=4000), tools=box.schemas)
+    episode = ToolEpisode([{"role": "user", "content": "0"}], HermesParser(), box, counts)
+    t0 = time.monotonic()
+    sample = runner.run([episode], seed=0).items[0]
+    assert events == ["start x = 1", "end x = 1", "start print(x)", "end print(x)"]
+    assert counts["calls"] == 4 and time.monotonic() - t0 < 0.55  # the lookups ran beside the cells (0.3 s each)
+    text = tokenizer.decode(sample.completion_ids)
+    assert text.index("tool: x = 1") < text.index("tool: a") < text.index("tool: print(x)") < text.index("tool: b")
+
+
+def test_one_trajectorys_slow_calls_leave_a_neighbours_call_alone(tokenizer):
+    """A trajectory whose sync tool blocks (each call past the tool timeout, its thread held after it) makes many
+    calls in one turn: its calls run at most max_parallel_calls at once, in threads of its own, and a neighbour's
+    quick call is answered at once, not queued behind them (which made it time out)."""
+    import threading
+    import time
+
+    release = threading.Event()
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
+
+    def stall(n: int) -> str:
+        """Block.
+
+        Args:
+            n: which call
+        """
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        release.wait(3.0)
+        with lock:
+            running[0] -= 1
+        return "late"
+
+    def quick() -> str:
+        """Answer at once."""
+        return "quick"
+
+    script = {0: ["".join(_call("stall", n=k) for k in range(8)), "done"], 1: [_call("quick"), "done"]}
+    counts = Counter()
+    episodes = []
+    for i in range(2):
+        box = ToolBox([tool_from_function(stall), tool_from_function(quick)], timeout_s=1.0, max_parallel_calls=3)
+        episodes.append(ToolEpisode([{"role": "user", "content": str(i)}], HermesParser(), box, counts))
+    runner = AgentRunner(scripted_generate(tokenizer, script), tokenizer,
+                         AgentLimits(max_turns=3, max_total_tokens=9000), tools=episodes[0].tools.schemas)
+    try:
+        t0 = time.monotonic()
+        samples = runner.run(episodes, seed=0).items
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    assert "tool: quick" in tokenizer.decode(samples[1].completion_ids)
+    assert episodes[1].latencies[0] < 0.5  # not queued behind the neighbour's blocked threads
+    assert counts["failed_timeout"] == 8 and running[1] <= 3  # the slow trajectory held at most its 3 threads
+    assert took < 8  # the rollout did not wait for the hung threads (8 calls x 3 s)
+
+
+def test_the_guessing_games_reward_is_what_it_earned_whoever_ends_the_game(tokenizer):
+    """The environments' contract (rollout/agent/environments.py), for `guess`: a step's reward is the game's
+    should it end after the step. A find in a turn cut by the token limit earns what a find earns; a game tide
+    ends before a find (max_turns, max_total_tokens, a turn cut short) earns 0, as a game never won does."""
+    from rollout_helpers import Turn
+
+    def play(turns, **limits):
+        runner = AgentRunner(scripted_generate(tokenizer, {0: turns}), tokenizer,
+                             AgentLimits(**({"max_turns": 8, "max_total_tokens": 2000} | limits)))
+        [s] = runner.run([EnvEpisode(GuessingGame(high=9, max_turns=8), {"secret": 3})], seed=0).items
+        return s.finish_reason, s.reward
+
+    found = GuessingGame(max_turns=8).reward(2)
+    assert play(["5", "3"]) == ("episode", found)
+    assert play(["5", Turn("3", finish="length")]) == ("episode", found)  # stepped, and it found the number
+    assert play(["5", Turn("4", finish="length")]) == ("length", 0.0)
+    assert play(["5", "4", "2"], max_turns=2) == ("max_turns", 0.0)
+    room = len(tokenizer.encode("5", add_special_tokens=False)) + 2
+    assert play(["5", "3"], max_total_tokens=room) == ("max_total_tokens", 0.0)

@@ -104,3 +104,63 @@ def test_the_trl_benchmarks_python_tool_is_tides_own_and_its_harness_failures_re
     with pytest.raises(AttributeError):
         asyncio.run(python("print(1)"))
     assert errors == ["AttributeError: renamed"] and counts["calls"] == 2
+
+
+def _python_episodes(client, n: int, counts: Counter, timeout_s: float = 30, **session):
+    out = []
+    for i in range(n):
+        py = PythonSession(client, limits={"output_kb": 8}, **session)
+        box = ToolBox([py.tool()], timeout_s=timeout_s, max_chars=4000)
+        out.append((py, ToolEpisode([{"role": "user", "content": f"task {i}"}], HermesParser(), box, counts, [py])))
+    return out
+
+
+def _no_live_session(client, within_s: float = 10.0) -> int:
+    deadline = time.monotonic() + within_s  # closing kills the session's container and frees its slot just after
+    while client.health().sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return client.health().sessions
+
+
+def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, tiny_model_dir):
+    """The model writes two calls in one turn (`x = 1`, then `print(x)`): they run one after another in that order
+    in the trajectory's one interpreter (run together, the second opened an interpreter of its own and failed with
+    a NameError, and the first session was never closed)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    cells = ["x = 1", "x = x + 1", "print(x)", "x = x * 10", "print(x)"]
+    script = {0: ["".join(_call(c) for c in cells), _call("print(x)"), "done"]}
+    counts = Counter()
+    [(py, episode)] = _python_episodes(client, 1, counts)
+    runner = AgentRunner(scripted_generate(tok, script), tok, AgentLimits(max_turns=4, max_total_tokens=20000),
+                         tools=episode.tools.schemas)
+    text = tok.decode(runner.run([episode], seed=0).items[0].completion_ids)
+    assert "NameError" not in text and py.opened == 1 and counts["calls"] == 6
+    assert [line.removeprefix("tool: ") for line in text.splitlines() if line.startswith("tool: ")] == [
+        "", "", "2", "", "20", "20"]
+    assert _no_live_session(client) == 0
+
+
+def test_code_feedbacks_reward_is_the_last_attempts_whoever_ends_the_trajectory(client, tiny_model_dir):
+    """The environments' contract: a step's reward is the trajectory's should it end after it. The same attempt
+    (2 of 3 tests pass) earns 2/3 when the environment ends the episode, when tide ends it because the feedback
+    does not fit max_total_tokens, when the turn ran out of tokens, and at the runner's max_turns (it earned 0
+    whenever tide ended it)."""
+    from transformers import AutoTokenizer
+
+    from rollout.agent import CodeFeedback
+    from rollout.agent.runner import EnvEpisode
+    from tests.rollout.rollout_helpers import Turn
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    attempt = "```python\ndef f(a):\n    return a * 2\n```"
+    columns = {"prompt": "Write f(a) = 2a.", "tests": ["assert f(1) == 2", "assert f(0) == 0", "assert f(2) == 5"]}
+    room = len(tok.encode(attempt, add_special_tokens=False)) + 4
+    cases = {"episode": (1, {}, attempt), "max_total_tokens": (3, {"max_total_tokens": room}, attempt),
+             "length": (3, {}, Turn(attempt, finish="length")), "max_turns": (3, {"max_turns": 1}, attempt)}
+    for finish, (env_turns, limits, turn) in cases.items():
+        runner = AgentRunner(scripted_generate(tok, {0: [turn]}), tok,
+                             AgentLimits(**({"max_turns": 3, "max_total_tokens": 5000} | limits)))
+        [s] = runner.run([EnvEpisode(CodeFeedback(client, max_turns=env_turns), columns)], seed=0).items
+        assert (s.finish_reason, round(s.reward, 4)) == (finish, round(2 / 3, 4))
