@@ -9,10 +9,11 @@ the run's last iteration, runs to its end.
 
 Every sampled token carries the version that sampled it (inserted tokens -1); each turn's seed is a function of the
 seed of the sampling that opened the trajectory, its index there and the turn, so the schedule of which version
-samples which token is fixed by the config. A group set aside is continued in place (the batch that set it aside
-was saved, if at all, before); the checkpoint of the batch drawn ahead pickles its groups set aside, episodes
-included, so episodes whose state lives outside this process (the python tool's sandbox session, code_feedback's
-sandbox client) cannot be set aside: orchestrator/config.py refuses them with partial_rollout."""
+samples which token is fixed by the config. A group set aside is continued on copies of its trajectories (the same
+episodes, their state going on), so that the batch that set it aside, checked against its policy while the next
+one is drawn, keeps reading the tokens it sampled; the checkpoint of the batch drawn ahead pickles its groups set
+aside, episodes included, so episodes whose state lives outside this process (the python tool's sandbox session,
+code_feedback's sandbox client) cannot be set aside: orchestrator/config.py refuses them with partial_rollout."""
 from __future__ import annotations
 
 from collections import Counter
@@ -49,6 +50,10 @@ def draw_agent_partially(agent, generate: Callable, new_problems: Sequence[Probl
     tokens (to its end in the group's `max_draws`-th sampling, or with `finish_all`), by the engines serving
     `version`. Where fewer than `min_groups` groups have ended then, the oldest open ones run to their end."""
     counts: Counter = Counter()
+    # continued on copies: the batch that set them aside is checked against its policy while this one is drawn
+    # (loop.check_behaviour reads its set-aside tokens), as single-turn partial rollouts copy theirs
+    carried = [AgentGroup(g.problem, [x.continued() for x in g.trajectories], list(g.ended), list(g.samplings),
+                          g.draws) for g in carried]
     for g in carried:
         for x, ended in zip(g.trajectories, g.ended):
             if not ended:

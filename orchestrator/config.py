@@ -263,6 +263,11 @@ class TideConfig(Strict):
                     raise ValueError("rollout.partial_rollout with agent.tools python or agent.environment "
                                      "code_feedback is not built: a trajectory set aside is saved with the checkpoint, "
                                      "and their state lives in the sandbox service, which a checkpoint does not hold")
+                if r.stop:
+                    raise ValueError("rollout.stop with `agent:` is not built: the engine cuts a stop string out of a "
+                                     "turn's text while the sampled tokens keep it, so the text the tool parser reads "
+                                     "and the template re-renders would not be the tokens trained on. A turn ends at "
+                                     "the chat template's end-of-turn token: remove rollout.stop")
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
                                      "use agent.tools")

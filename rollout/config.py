@@ -115,7 +115,8 @@ class RolloutConfig(EngineConfig):
                          "probabilities add up to top_p, renormalised; 1.0: all tokens.")
     top_k: int = Field(0, ge=0, description="Draw from the top_k most likely tokens only, renormalised; 0: all.")
     stop: list[str] = Field([], description="Strings that end a completion (not kept in it); generation also ends "
-                            "at end-of-sequence and at the chat template's end-of-turn token.")
+                            "at end-of-sequence and at the chat template's end-of-turn token. Not with `agent:` "
+                            "or partial_rollout.")
     max_prompt_tokens: int | None = Field(
         None, gt=0, description="A prompt longer than this many tokens is skipped or truncated (overlong_prompts) "
         "and counted in metrics; null: no limit (vLLM refuses a prompt that leaves no room for max_new_tokens "

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import routing_capture
@@ -71,6 +71,11 @@ class OpenTrajectory:
     rank: int = 0  # its place in the current run's engine calls
     to_end: bool = True  # the current run takes it to its end (no segment budget)
     sampled_at_start: int = 0  # its sampled tokens when the current run took it over
+
+    def continued(self) -> "OpenTrajectory":
+        """This trajectory to continue in a later sampling: the same episode (its state goes on), its conversation
+        and tokens copied, so that the batch that set it aside keeps reading what it held then."""
+        return replace(self, messages=list(self.messages), traj=self.traj.copy())
 
 
 async def _close(episodes: list[Episode]) -> None:

@@ -51,6 +51,12 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
+    def copy(self) -> "Trajectory":
+        """The trajectory so far, as lists of its own: what this copy is extended with leaves the original as it
+        was (a batch that set it aside still reads the tokens it had then)."""
+        return Trajectory(list(self.prompt_ids), list(self.ids), list(self.mask), list(self.logprobs),
+                          list(self.versions), self.turns, self.routing)
+
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.ids

@@ -128,3 +128,35 @@ def test_partial_rollouts_take_environments_and_refuse_the_sandboxs_state():
     assert parse_config({**base, "agent": {"environment": "guess"}}).rollout.partial_rollout
     with pytest.raises(ConfigError, match=re.escape("which a checkpoint does not hold")):
         parse_config({**base, "task": {"name": "code"}, "agent": {"environment": "code_feedback"}})
+
+
+def test_stop_strings_with_agents_are_refused_by_name():
+    """The engine cuts a stop string out of a turn's text while the sampled tokens keep it: the tool parser and
+    the template would read other text than the tokens trained on (a turn sampled `1=1=` with stop `=` came back
+    as context `...1=1=1`). Refused at start-up."""
+    from orchestrator.config import ConfigError, parse_config
+
+    base = {"name": "t", "iterations": 1, "task": {"name": "guess"}, "agent": {"environment": "guess"}}
+    assert parse_config(base).agent
+    for agent in ({"environment": "guess"}, {"tools": ["python"]}):
+        with pytest.raises(ConfigError, match=re.escape("rollout.stop with `agent:` is not built")):
+            parse_config({**base, "agent": agent, "rollout": {"stop": ["</tool_call>"]}})
+
+
+def test_a_batch_that_set_trajectories_aside_keeps_reading_what_it_sampled(agent):
+    """The batch drawn ahead is checked against the policy that sampled it (loop.check_behaviour reads its
+    set-aside trajectories' tokens) while the engines draw the next batch, which continues those trajectories:
+    the check must read the tokens the batch sampled, whole and unchanged, however far the next draw has got."""
+    from orchestrator.agent_rollout import Rollout
+    from orchestrator.scheduler import Drawn
+
+    first = _draw(agent, [], problems(3), [], 11, 0)
+    drawn = Drawn(1, first.problems, None, Rollout(first.samples, first.metrics), 0, 0.0, 0.0,
+                  set_aside=first.set_aside)
+    before = [(s.completion_ids, s.loss_mask, s.logprobs, s.versions) for s in drawn.sampled()]
+    assert before and any(len(g.trajectories[0].traj.ids) for g in first.set_aside)
+    second = _draw(agent, [], [], first.set_aside, 12, 1, finish_all=True)  # extends every one of them
+    assert second.samples and not second.set_aside
+    after = [(s.completion_ids, s.loss_mask, s.logprobs, s.versions) for s in drawn.sampled()]
+    assert after == before
+    assert all(len(set(map(len, row))) == 1 for row in after)  # no ragged row
