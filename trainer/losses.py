@@ -38,7 +38,11 @@ between the behaviour policy's log-probs (the engines') and the current policy's
 loglinear`, also in slime): log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = d / (d + k), with d
 the optimizer steps between the token's sampler and pi_prox and k those taken since pi_prox (`loglinear_proximal`).
 tide's variant: AReaL and slime count versions per train step (alpha fixed within it); tide counts optimizer steps,
-so on the iteration's first mini-batch (k = 0: pi_theta is pi_prox) the value is exact, not an approximation.
+so on the iteration's first mini-batch (k = 0: pi_theta is pi_prox) the value is exact, not an approximation. A
+token of staleness 0 (d = 0: iteration 1, a token sampled in flight after the weight switch) would get alpha = 0 on
+every later mini-batch, pi_prox = pi_b and weight 1, dropping the mismatch correction; its pi_prox is instead
+computed, the trainer's pre-update policy by a forward pass before the first update (`logp_prox`, `known`;
+trainer/megatron/behaviour.py), which is what lockstep's recomputed pi_old + tis gives it.
 
 `trainer.kl` adds coef x a KL penalty to the loss, estimated per sampled token with Schulman's estimators
 ("Approximating KL Divergence", 2020), r = log pi_ref(y_t) - log pi(y_t): k1 = -r, k2 = r^2 / 2,
@@ -234,17 +238,22 @@ def _surrogate(spec: LossSpec, logp: torch.Tensor, old_logp: torch.Tensor, mask:
 
 
 def loglinear_proximal(logp_now: torch.Tensor, logp_behaviour: torch.Tensor, steps_behind: torch.Tensor,
-                       steps_taken: int, tis_cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       steps_taken: int, tis_cap: float, logp_prox: torch.Tensor | None = None,
+                       known: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`rollout.proximal: loglinear` (module docstring): per token, log pi_prox approximated from the current
     policy's log-probs `logp_now` (detached here) and the behaviour policy's, with `steps_behind` the optimizer
     steps from the token's sampler to pi_prox and `steps_taken` those since pi_prox; and the truncated importance
-    weight min(pi_prox / pi_b, tis_cap) (orchestrator/mismatch.py's tis). Both are constants of the loss."""
+    weight min(pi_prox / pi_b, tis_cap) (orchestrator/mismatch.py's tis). Both are constants of the loss.
+    `logp_prox` where `known` (bool): pi_prox itself, computed by the trainer, taken instead of the interpolation
+    (the staleness-0 tokens of later mini-batches, whose d = 0 would make pi_prox the engine's)."""
     now, behaviour = logp_now.detach().float(), logp_behaviour.float()
     if steps_taken == 0:  # pi_theta is pi_prox: exact
         prox = now
     else:
         alpha = steps_behind / (steps_behind + steps_taken)
         prox = behaviour + alpha * (now - behaviour)
+        if known is not None:
+            prox = torch.where(known, logp_prox.detach().float(), prox)
     weight = torch.exp(torch.clamp(prox - behaviour, max=math.log(tis_cap)))
     return prox, weight
 

@@ -438,6 +438,35 @@ def test_loglinear_proximal_by_hand():
     assert now.grad.tolist() == [pytest.approx([-2.0 / 3, -math.exp(-0.5) / 3, -1.0 / 3])]
 
 
+def test_loglinear_proximal_takes_the_computed_proximal_policy_where_given():
+    """Issue 58 item 6: a token sampled by pi_prox itself (d = 0: iteration 1, a token sampled in flight after the
+    switch) on a later mini-batch gets alpha = 0 from the interpolation, so pi_prox would be the engine's and the
+    TIS weight 1. Where the trainer computed pi_prox (its pre-update policy, `logp_prox`, `known`), that is pi_prox
+    and the weight min(pi_prox / pi_b, cap), as lockstep's recomputed pi_old + tis gives; the rest interpolates."""
+    now = torch.tensor([[-1.0, -3.0, -2.0]], requires_grad=True)
+    behaviour = torch.tensor([[-2.0, -4.0, -2.5]])
+    behind = torch.tensor([[4.0, 0.0, 0.0]])
+    computed = torch.tensor([[0.0, -3.2, -2.9]])  # the first is not read (known False)
+    known = torch.tensor([[False, True, True]])
+    prox, w = loglinear_proximal(now, behaviour, behind, 4, 2.0, logp_prox=computed, known=known)
+    # token 0: alpha 4 / 8, -2 + 0.5 x 1 = -1.5; tokens 1, 2: the computed values
+    assert prox.tolist() == [pytest.approx([-1.5, -3.2, -2.9])]
+    # e^0.5; e^(-3.2 + 4) = e^0.8 capped at 2; e^(-2.9 + 2.5)
+    assert w.tolist() == [pytest.approx([math.exp(0.5), 2.0, math.exp(-0.4)])]
+    assert not prox.requires_grad and not w.requires_grad
+    # the clipped surrogate (eps 0.2) against it with A = -1: ratios e^0.5, e^0.2, e^0.9, all above 1.2, where a
+    # negative advantage takes the unclipped term -r A w / 3 tokens, whose gradient in log pi is r w / 3
+    loss = policy_loss(LossSpec("grpo", agg="token_mean"), now, prox, torch.ones(1, 3), torch.tensor([-1.0]), 1, 3,
+                       is_weight=w)
+    loss.backward()
+    assert now.grad.tolist() == [pytest.approx([math.exp(0.5) * math.exp(0.5) / 3, math.exp(0.2) * 2.0 / 3,
+                                                math.exp(0.9) * math.exp(-0.4) / 3])]
+    # without computed values, the interpolation (d = 0: the engine's log-prob, weight 1), as before
+    prox, w = loglinear_proximal(now, behaviour, behind, 4, 2.0)
+    assert prox.tolist() == [pytest.approx([-1.5, -4.0, -2.5])]
+    assert w.tolist() == [pytest.approx([math.exp(0.5), 1.0, 1.0])]
+
+
 def _kl_setting(vocab: int, seed: int, temperature: float = 1.0):
     g = torch.Generator().manual_seed(seed)
     theta = torch.randn(vocab, generator=g, dtype=torch.float64)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+import logging
 import os
 from datetime import timedelta
 from functools import partial
@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 
-from trainer.batch import LoglinearProximal, TokenDistribution, TrainBatch, TrainSequence
+from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerSpec
-from trainer.losses import (advantages, clip_counts, kl_estimate, kl_importance_weight, loglinear_proximal,
-                            masked_reference, policy_loss)
+from trainer.losses import advantages, clip_counts, kl_estimate, kl_importance_weight, masked_reference, policy_loss
+from trainer.megatron.behaviour import (ProximalStep, behaviour_gaps, computed_proximal, fresh_sequences,
+                                        minibatch_bounds)
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, kl_distribution, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
@@ -34,19 +35,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def _positions(s: TrainSequence) -> int:
     """Input positions of a sequence: position t predicts token t + 1."""
     return len(s.prompt_ids) + len(s.completion_ids) - 1
-
-
-def _behaviour_gaps(logp: torch.Tensor, mb: dict, old_recomputed: bool) -> torch.Tensor:
-    """Per sequence of a micro-batch, the summed |trainer - engines| log-prob over its completion tokens: against
-    the engines' own log-probs (`rollout`) when pi_old was recomputed (mismatch correction), else against pi_old
-    (the same log-probs when the batch is fresh)."""
-    behaviour = (mb["rollout"] if old_recomputed else mb["old"]).to(logp.device)
-    return ((logp.detach().float() - behaviour).abs() * mb["mask"].to(logp.device)).sum(-1)
-
-
-def _behaviour_gap(logp: torch.Tensor, mb: dict, old_recomputed: bool) -> torch.Tensor:
-    """The micro-batch's summed |trainer - engines| log-prob (see _behaviour_gaps)."""
-    return _behaviour_gaps(logp, mb, old_recomputed).sum()
 
 
 def _write_results_in_process() -> None:
@@ -321,7 +309,7 @@ class MegatronWorker:
         return -(-positions // parts) * parts
 
     def _seq_len(self, seqs: list[TrainSequence]) -> int:
-        return self._padded_len(max(_positions(s) for s in seqs))
+        return self._padded_len(max((_positions(s) for s in seqs), default=1))
 
     def _token_logprobs(self, output: torch.Tensor, mb: dict, dist: TokenDistribution,
                         with_entropy: EntropyMode = "no") -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -439,7 +427,11 @@ class MegatronWorker:
         from trainer.megatron.routing_replay import RoutingPass
 
         dist = batch.distribution if mode == "rl" else TokenDistribution()
-        bounds = [len(seqs) * k // updates for k in range(updates + 1)]
+        cuts, skipped = minibatch_bounds(len(seqs), updates)
+        if skipped and self.rank == 0:
+            logging.getLogger(__name__).warning(f"{len(seqs)} samples for {updates} mini-batches: {skipped} skipped "
+                                                f"each epoch (one sample each)")
+        proximal = ProximalStep(batch.proximal, updates * epochs, seqs) if mode == "rl" and batch.proximal else None
         shuffle = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
         stats, grad_norms, gap, kl_first = torch.zeros(len(STATS)), [], float("nan"), float("nan")
         routed = mode == "rl" and bool(self._routers) and any(s.routed_experts is not None for s in seqs)
@@ -454,9 +446,13 @@ class MegatronWorker:
         for epoch in range(epochs):  # each pass over the batch in a new seeded order
             order = list(range(len(seqs))) if shuffle is None else \
                 torch.randperm(len(seqs), generator=shuffle).tolist()
-            for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            for k, (lo, hi) in enumerate(cuts):
                 chunk = order[lo:hi]
                 first = epoch == 0 and k == 0
+                if first and proximal:  # pi_prox of the staleness-0 tokens trained after an update (behaviour.py)
+                    proximal.computed = computed_proximal(self, seqs, fresh_sequences(
+                        seqs, order if epochs > 1 else order[hi:], batch.proximal), seq_len, dist,
+                        RoutingPass(replay=replay))
                 chunk_tokens = max(sum(seqs[i].trained_tokens for i in chunk), 1)
                 how = RoutingPass(replay=replay, measure=first and routed and not replay)
                 # A GRPO mini-batch with no learning signal (every advantage zero, no KL or entropy term) takes no
@@ -468,9 +464,8 @@ class MegatronWorker:
                 signal = (mode != "rl" or spec.kind != "grpo" or spec.kl_coef > 0 or spec.entropy_coef > 0
                           or any(adv[i] != 0 and seqs[i].trained_tokens > 0 for i in chunk))
                 step_stats, grad_norm, counts = self._optimizer_step(
-                    seqs, chunk, adv, seq_len, mode, dist, batch.old_recomputed, how, step=signal,
-                    proximal=batch.proximal if mode == "rl" else None, steps_taken=len(grad_norms),
-                    steps_per_iteration=updates * epochs)
+                    seqs, chunk, adv, seq_len, mode, dist, batch.old_recomputed, how, step=signal, proximal=proximal,
+                    steps_taken=len(grad_norms))
                 if first:
                     gap = float(step_stats[STATS.index("gap")]) / chunk_tokens
                     kl_first = float(step_stats[STATS.index("kl_ref")]) / chunk_tokens
@@ -480,11 +475,11 @@ class MegatronWorker:
                 if signal:
                     grad_norms.append(grad_norm)
         tokens = float(sum(s.trained_tokens for s in seqs))
-        per_token = {name: float(v) / (tokens * epochs) for name, v in zip(STATS, stats.tolist())}
-        out = {"loss": float(stats[0]) / (updates * epochs), "logp_mean": per_token["logp"],
+        per_token = {name: float(v) / max(tokens * epochs, 1.0) for name, v in zip(STATS, stats.tolist())}
+        out = {"loss": float(stats[0]) / max(len(cuts) * epochs, 1), "logp_mean": per_token["logp"],
                "sq_log_ratio": per_token["sq_log_ratio"], "entropy": per_token["entropy"],
                "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0, "tokens": int(tokens),
-               "optimizer_steps": len(grad_norms), "lr": self._applied_lr(),
+               "optimizer_steps": len(grad_norms), "lr": self._applied_lr(), "skipped_minibatches": skipped * epochs,
                # mean |trainer - rollout| log-prob over the first mini-batch's tokens, computed before any
                # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
                "behaviour_gap": gap if mode == "rl" else float("nan"),
@@ -532,7 +527,7 @@ class MegatronWorker:
 
         def loss_fn(mb, output):
             logp, _ = self._token_logprobs(output, mb, dist)
-            return output.new_zeros(()), {"gap": _behaviour_gaps(logp, mb, old_recomputed).cpu()}
+            return output.new_zeros(()), {"gap": behaviour_gaps(logp, mb, old_recomputed).cpu()}
 
         from trainer.megatron.routing_replay import RoutingPass
 
@@ -562,12 +557,12 @@ class MegatronWorker:
     def _optimizer_step(self, seqs: list[TrainSequence], chunk: list[int], adv: torch.Tensor | None, seq_len: int,
                         mode: str, dist: TokenDistribution, old_recomputed: bool,
                         routing: RoutingPass | None = None, step: bool = True,
-                        proximal: LoglinearProximal | None = None, steps_taken: int = 0,
-                        steps_per_iteration: int = 1) -> tuple[torch.Tensor, float, torch.Tensor]:
+                        proximal: ProximalStep | None = None, steps_taken: int = 0
+                        ) -> tuple[torch.Tensor, float, torch.Tensor]:
         """Forward and backward over the mini-batch `chunk` (its statistics), then the optimizer's step; with
         `step` false, the forward only (its statistics; a gradient nobody applies is not computed). `proximal`:
-        pi_old interpolated here (rollout.proximal loglinear), `steps_taken` optimizer steps after pi_old, each
-        past iteration counted as `steps_per_iteration`."""
+        pi_old made here (rollout.proximal loglinear, behaviour.ProximalStep), `steps_taken` optimizer steps after
+        pi_old."""
         dp = self.ps.get_data_parallel_world_size()
         # a sequence the mismatch correction left out whole (trained_tokens 0) counts in no denominator
         n_seqs = sum(1 for i in chunk if seqs[i].trained_tokens > 0)
@@ -588,12 +583,7 @@ class MegatronWorker:
             sq = kl = gap = clip_low = clip_high = is_weight = truncated = logp.new_zeros(())
             w = mb["is_weight"].to(logp.device) if old_recomputed else None
             if proximal is not None:  # old: the engines' log-probs, the behaviour policy's
-                behind = (proximal.trained_by - mb["versions"].to(logp.device)).clamp(min=0)
-                behaviour = old
-                old, w = loglinear_proximal(logp, behaviour, behind * steps_per_iteration, steps_taken,
-                                            proximal.tis_cap)
-                is_weight = (w * mask).sum()
-                truncated = (((old - behaviour) > math.log(proximal.tis_cap)).float() * mask).sum()
+                old, w, is_weight, truncated = proximal.terms(mb, logp, steps_taken)
             if mode == "sft":
                 loss = -(logp * mask).sum() / max(n_tokens, 1)
             else:
@@ -605,7 +595,7 @@ class MegatronWorker:
                 loss = policy_loss(spec, logp, old, mask, adv_mb, n_seqs, n_tokens, ref, is_weight=w, entropy=ent,
                                    kl_logp=kl_logp)
                 sq = (((logp - old) ** 2) * mask).sum()
-                gap = _behaviour_gap(logp, mb, old_recomputed)
+                gap = behaviour_gaps(logp, mb, old_recomputed).sum()
                 if ref is not None:
                     ref = masked_reference(kl_logp, ref, mask)  # weighed as the loss weighs it: what the term saw
                     kl = (kl_estimate(kl_logp.detach(), ref, spec.kl_estimator) * mask
