@@ -36,7 +36,7 @@ from trainer.lr_schedule import lr_at
 TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "logp_mean", "entropy",
                  "clip_fraction_low", "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch",
                  "routing_mismatch_trained", "routed_tokens", "replay_sequences_affected", "replay_sequences_closer",
-                 "replay_sequences_farther", "is_weight_mean", "is_truncated_frac")
+                 "replay_sequences_farther", "is_weight_mean", "is_truncated_frac", "skipped_minibatches")
 
 
 def replay_gaps(train: dict) -> dict[str, float]:
@@ -207,7 +207,9 @@ def run_iterations(s: Session) -> None:
             # with a mismatch correction, the whole batch's gap, the tokens it leaves out of the loss included; a
             # stale batch's spans an update (its sampler, checked before, is drawn.logprob_gap)
             gap = mismatch.pop("logprob_gap", train["behaviour_gap"])
-            if drawn.staleness() == 0:
+            if all(x.reward is None for x in samples):  # no token to measure a gap on: not a mismatch
+                console.log(f"[yellow]iteration {it}: the rewards left every sample out (None): nothing trained")
+            elif drawn.staleness() == 0:
                 check_logprob_gap(it, gap, gap_bound, "the whole batch, before any update" if batch.old_recomputed
                                   else "the first mini-batch, before its update", bound_origin)
             gaps = gap_metrics(drawn, gap)

@@ -153,7 +153,9 @@ class RolloutConfig(EngineConfig):
         "of the whole batch before the train step. `loglinear` (AReaL's prox_logp_method, also in slime): "
         "interpolated per token in log space between the engines' log-probs and the trainer's current ones by the "
         "optimizer steps from the token's sampler to pi_old and since pi_old; exact on the iteration's first "
-        "mini-batch, an approximation on later ones, and no forward pass. Needs mismatch_correction tis. Exact "
+        "mini-batch, an approximation on later ones, and no forward pass for them (tokens the trainer's own "
+        "policy sampled, staleness 0, trained after an update get the exact pi_old of one forward pass before the "
+        "first update). Needs mismatch_correction tis. Exact "
         "with one optimizer step per iteration; with several, measured to cost learning (the quickstart's reward "
         "gain about half lockstep's: docs/training.md).")
     mis_threshold: float = Field(2.0, gt=1, description="A sequence whose importance ratio prod_t rho_t exceeds "
@@ -229,9 +231,9 @@ class RolloutConfig(EngineConfig):
     def _proximal(self) -> "RolloutConfig":
         if self.proximal == "loglinear":
             if not self.max_staleness:
-                raise ValueError("rollout.proximal loglinear interpolates pi_old between the policy that sampled and "
-                                 "the trainer's: with max_staleness 0 they are the same policy, so pi_old would "
-                                 "drop the mismatch correction on every mini-batch after the first; use recompute")
+                raise ValueError("rollout.proximal loglinear interpolates pi_old for tokens an older policy "
+                                 "sampled: with max_staleness 0 every token is of the trainer's own policy, whose "
+                                 "pi_old takes the forward pass recompute makes anyway; use recompute")
             if self.mismatch_correction != "tis":
                 raise ValueError(f"rollout.proximal loglinear needs mismatch_correction tis (it is "
                                  f"{self.mismatch_correction}): mis and icepop leave tokens out of the loss before "
