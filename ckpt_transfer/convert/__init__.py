@@ -6,6 +6,7 @@ from typing import Any
 
 from . import deepseek_v3, dense, gpt_oss, mixtral
 from .common import AttentionShape, ConversionError, HFTensor, RankLayout, fuse_qkv, split_qkv, tp_slice
+from .engine_config import check_engine
 from .support import UnsupportedModelError
 
 # model_type -> the module converting it; each has check_supported, megatron_transformer_kwargs,
@@ -30,8 +31,9 @@ def is_moe(hf_config: Any) -> bool:
 
 def check_supported(hf_config: Any) -> None:
     """Raise UnsupportedModelError naming the first config.json field whose computation the trainer would not
-    reproduce."""
+    reproduce, or the engines (vLLM) would not compute as transformers does (engine_config.check_engine)."""
     family(hf_config).check_supported(hf_config)
+    check_engine(hf_config)
 
 
 __all__ = ["family", "check_supported", "is_moe", "UnsupportedModelError", "AttentionShape", "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]

@@ -1,9 +1,10 @@
 """The config fields the engines (vLLM 0.32) need to compute what transformers computes: added where a config.json
-lacks them, as hf_overrides and into published config.json files. tests/integration/test_saved_by_transformers.py
-serves directories saved by transformers on real engines."""
+lacks them, as hf_overrides and into published config.json files; and the fields vLLM computes otherwise refused by
+name. tests/integration/test_saved_by_transformers.py serves directories saved by transformers on real engines."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,3 +71,44 @@ def test_publish_writes_the_completed_config(tmp_path):
     published = json.loads((out / "config.json").read_text())
     assert published == {**json.loads(before), "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
     assert (src / "config.json").read_bytes() == before and not list(out.glob(".config.json*"))
+
+
+@pytest.mark.parametrize("make,named", [
+    (lambda: _deepseek(tie_word_embeddings=True), "tie_word_embeddings = True"),
+    (lambda: _gpt_oss(tie_word_embeddings=True), "tie_word_embeddings = True"),
+    (lambda: _deepseek(rope_parameters={**YARN, "mscale": 0.707}), "rope_scaling.mscale = 0.707"),
+    (lambda: _gpt_oss(swiglu_limit=5.0), "swiglu_limit = 5.0"),
+    (lambda: _gpt_oss(rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
+     "rope_parameters.rope_type = 'default'"),
+    (lambda: _gpt_oss(rope_parameters={**YARN, "attention_factor": 2.0}), "rope_parameters.attention_factor = 2.0"),
+    (lambda: _gpt_oss(layer_types=["full_attention", "sliding_attention"]), "layer_types = ['full_attention', "),
+    (lambda: _gpt_oss(layer_types=["full_attention"] * 2), "layer_types = ['full_attention', 'full_attention']"),
+], ids=["deepseek-tied", "gpt_oss-tied", "deepseek-mscale", "gpt_oss-limit", "gpt_oss-plain-rope",
+        "gpt_oss-attention-factor", "gpt_oss-full-first", "gpt_oss-windowless-layers"])
+def test_what_vllm_computes_otherwise_is_refused_by_field(make, named):
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported, family
+
+    cfg = make()
+    family(cfg).check_supported(cfg)  # the trainer computes it
+    with pytest.raises(UnsupportedModelError, match=f"config.json field {re.escape(named)}"):
+        check_supported(cfg)
+
+
+def test_qwen2_head_dim_other_than_hidden_over_heads_is_refused():
+    from transformers import Qwen2Config
+
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported
+
+    sizes = dict(vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    check_supported(Qwen2Config(**sizes, head_dim=32))
+    with pytest.raises(UnsupportedModelError, match="config.json field head_dim = 16"):
+        check_supported(Qwen2Config(**sizes, head_dim=16))
+
+
+def test_windowless_gpt_oss_and_neutral_fields_pass():
+    from ckpt_transfer.convert import check_supported
+
+    check_supported(_gpt_oss(sliding_window=None, layer_types=["full_attention"] * 2))
+    check_supported(_deepseek(rope_parameters={**YARN, "mscale": 1.0}))
+    check_supported(_deepseek(rope_parameters={**YARN, "mscale": 0.707, "mscale_all_dim": 0.707}))

@@ -55,7 +55,9 @@ def test_released_llama3_config_is_read_with_its_rope_scaling(llama3_dir):
      "config.json field rope_scaling.rope_type = 'yarn'"),
     ({"hidden_act": "gelu"}, "config.json field hidden_act = 'gelu'"),
     ({"model_type": "gemma2"}, None),  # transformers reads it as another architecture: refused by model_type
-], ids=["yarn", "gelu", "gemma2"])
+    # the trainer computes it, vLLM's Qwen2 does not (it takes hidden_size / num_attention_heads, 32 here)
+    ({"model_type": "qwen2", "head_dim": 16}, "config.json field head_dim = 16"),
+], ids=["yarn", "gelu", "gemma2", "engine-qwen2-head-dim"])
 def test_unsupported_model_exits_2_naming_the_field(tmp_path, llama3_dir, fields, named):
     model = _edited_copy(llama3_dir, tmp_path / "model", **fields)
     proc = _run(tmp_path, model)
