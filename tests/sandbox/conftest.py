@@ -189,6 +189,18 @@ def client(service: Service):
         yield c
 
 
+@pytest.fixture
+def live_sessions(client):
+    """The service's live sessions, once those being ended have gone (ending kills a container just after the
+    request that ended it is answered): polled up to `within_s`."""
+    def count(within_s: float = 10.0) -> int:
+        deadline = time.monotonic() + within_s
+        while client.health().sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return client.health().sessions
+    return count
+
+
 @pytest.fixture(scope="session")
 def require_language(client):
     """Skips the calling test when the host lacks a language's toolchain (scripts/setup.sh installs them all)."""

@@ -3,7 +3,6 @@ lasts across calls and which is closed when the trajectory ends; hostile calls (
 a flood of output) are contained, counted and answered, and the rollout goes on."""
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -21,7 +20,7 @@ def _call(code: str) -> str:
     return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
 
-def test_python_tool_sessions_per_trajectory(client, tiny_model_dir):
+def test_python_tool_sessions_per_trajectory(client, live_sessions, tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
@@ -46,10 +45,7 @@ def test_python_tool_sessions_per_trajectory(client, tiny_model_dir):
     assert counts["failed_timeout"] >= 1 and counts["calls"] == 6  # the endless loop (the fork bomb may time out too)
     assert "tokens cut" in texts[1] or "characters cut" in texts[1]  # the flood reached the model cut
     assert all(s.finish_reason == "episode" for s in samples)
-    deadline = time.monotonic() + 5  # closing kills the session's container and frees its slot just after
-    while client.health().sessions and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert client.health().sessions == 0  # every trajectory's session was closed when it ended
+    assert live_sessions() == 0  # every trajectory's session was closed when it ended
 
 
 def test_code_with_feedback_sends_failing_tests_back_until_they_pass(client, tiny_model_dir):
@@ -115,14 +111,7 @@ def _python_episodes(client, n: int, counts: Counter, timeout_s: float = 30, **s
     return out
 
 
-def _no_live_session(client, within_s: float = 10.0) -> int:
-    deadline = time.monotonic() + within_s  # closing kills the session's container and frees its slot just after
-    while client.health().sessions and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return client.health().sessions
-
-
-def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, tiny_model_dir):
+def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, live_sessions, tiny_model_dir):
     """The model writes two calls in one turn (`x = 1`, then `print(x)`): they run one after another in that order
     in the trajectory's one interpreter (run together, the second opened an interpreter of its own and failed with
     a NameError, and the first session was never closed)."""
@@ -139,7 +128,7 @@ def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, tiny_model
     assert "NameError" not in text and py.opened == 1 and counts["calls"] == 6
     assert [line.removeprefix("tool: ") for line in text.splitlines() if line.startswith("tool: ")] == [
         "", "", "2", "", "20", "20"]
-    assert _no_live_session(client) == 0
+    assert live_sessions() == 0
 
 
 def test_code_feedbacks_reward_is_the_last_attempts_whoever_ends_the_trajectory(client, tiny_model_dir):

@@ -12,7 +12,6 @@ hostile input), against the real sandbox service and the real agent runner, each
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -48,14 +47,7 @@ def _episodes(client, n: int, counts: Counter, timeout_s: float = 30, **session)
     return out
 
 
-def _no_live_session(client, within_s: float = 10.0) -> int:
-    deadline = time.monotonic() + within_s  # closing kills the session's container and frees its slot just after
-    while client.health().sessions and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return client.health().sessions
-
-
-def test_tool_output_cannot_forge_the_templates_control_tokens(client):
+def test_tool_output_cannot_forge_the_templates_control_tokens(client, live_sessions):
     tok = chatml_tokenizer()
     end = tok.convert_tokens_to_ids("<|im_end|>")
     specials = set(tok.all_special_ids)
@@ -79,10 +71,10 @@ def test_tool_output_cannot_forge_the_templates_control_tokens(client):
         assert tok.decode(s.completion_ids).count("<|im_start|>") > honest_text.count("<|im_start|>"), name
         assert [t for t in s.completion_ids if t in specials] == honest, name
     assert counts["calls"] == len(cells)
-    assert _no_live_session(client) == 0
+    assert live_sessions() == 0
 
 
-def test_one_trajectorys_slow_cells_leave_a_neighbours_cell_alone(client, tiny_model_dir):
+def test_one_trajectorys_slow_cells_leave_a_neighbours_cell_alone(client, live_sessions, tiny_model_dir):
     """Several slow calls in one turn: they run one at a time in threads of the trajectory's own, and a call the
     tool timeout cuts ends its session (its thread is released); before, they held the batch's shared threads
     until their cells ended and a neighbour's one-line cell waited past its timeout."""
@@ -98,10 +90,10 @@ def test_one_trajectorys_slow_cells_leave_a_neighbours_cell_alone(client, tiny_m
     samples = runner.run([ep0, ep1], seed=0).items
     assert "tool: 42" in tok.decode(samples[1].completion_ids) and ep1.latencies[0] < 3.0
     assert counts["failed_timeout"] == 4
-    assert _no_live_session(client) == 0
+    assert live_sessions() == 0
 
 
-def test_calls_the_tool_timeout_cuts_leave_no_session_behind(client, tiny_model_dir):
+def test_calls_the_tool_timeout_cuts_leave_no_session_behind(client, live_sessions, tiny_model_dir):
     """A call cut while its session opened, and one cut while its cell ran: once the trajectories end, no session
     is alive (the late-opened one and the one whose cell was cut lived on to their TTL, each holding a container)."""
     from transformers import AutoTokenizer
@@ -115,4 +107,4 @@ def test_calls_the_tool_timeout_cuts_leave_no_session_behind(client, tiny_model_
                          tools=opening.tools.schemas)
     samples = runner.run([opening, running], seed=0).items
     assert counts["failed_timeout"] == 2 and all(s.finish_reason == "episode" for s in samples)
-    assert _no_live_session(client) == 0
+    assert live_sessions() == 0
