@@ -10,15 +10,14 @@ it asks for.
 Replies are bounded and framed by the service, not trusted from the container: a cell runs in the driver's
 process and can write to its reply pipe, so each request carries a fresh id the reply must echo (a message
 with another id is dropped, so a forged message never stands in for a later cell's reply), and every field of
-a reply is cut to the session's `output_kb` here."""
+a reply is cut to the session's `output_kb` here. The channel itself (sandbox/replies.py) is read as hostile input
+too: whatever a cell writes to it, closes or breaks, the running request is answered (`dead`, or `timeout`) and the
+session ends; nothing a reply holds can leave a request unanswered or take the service's thread."""
 from __future__ import annotations
 
 import json
-import math
-import os
+import logging
 import queue
-import select
-import struct
 import threading
 import time
 import uuid
@@ -27,14 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .models import SessionRequest, SessionResult
+from .replies import LEFT_OUT, Channel, SessionEnded
 
+__all__ = ["Session", "SessionEnded", "bounded_result"]
 DRIVER = (Path(__file__).with_name("harness") / "session_driver.py").read_text()  # the container's init
-_MAX_REPLY = 64 << 20
-_CLOSE_POLL_S = 0.05  # how often a wait for the container notices the session was deleted
-
-
-class SessionEnded(Exception):
-    pass
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +46,7 @@ class Session:
     end_reason: str = ""
     _stopped: bool = False  # no more cells: the container is gone or going
     _closing: threading.Event = field(default_factory=threading.Event)
+    _running: Future | None = None  # the cell being run: answered however the session ends
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, code: str, timeout_s: float | None) -> Future:
@@ -66,14 +63,20 @@ class Session:
         self.requests.put(None)
 
     def serve(self, proc, pidfd: int, deadline: float) -> None:
-        """The worker's loop while the container lives: one cell at a time; returns when the session ends."""
+        """The worker's loop while the container lives: one cell at a time; returns when the session ends, whatever
+        happened (the caller then kills the container and frees its seat), with every request answered."""
         try:
             self._serve(proc, pidfd, deadline)
+        except Exception as e:  # a failure of ours, not the cell's: the session still ends cleanly
+            log.exception("session %s failed", self.id)
+            self.end_reason = f"the session failed: {type(e).__name__}: {e}"
         finally:
             with self._lock:
                 self._stopped = True
             if not self.ready.done():
                 self.ready.set_exception(SessionEnded(self.end_reason or "the session did not start"))
+            if self._running is not None and not self._running.done():
+                self._running.set_result(_died(self.end_reason, time.monotonic()))
             while True:  # whoever still waits learns that the session is over
                 try:
                     item = self.requests.get_nowait()
@@ -83,13 +86,13 @@ class Session:
                     item[2].set_exception(SessionEnded(self.end_reason))
 
     def _serve(self, proc, pidfd: int, deadline: float) -> None:
-        reader = _Reader(proc.stdout.fileno(), pidfd, self._closing)
+        channel = Channel(proc.stdout.fileno(), pidfd, self._closing, proc.stdin.fileno())
         try:
-            hello = reader.message(min(deadline, time.monotonic() + 30))
+            hello = channel.message(min(deadline, time.monotonic() + 30))
         except SessionEnded as e:
             self.end_reason = f"the session's kernel did not start: {e}"
             return
-        if not hello.get("ready"):
+        if not hello["ready"]:
             self.end_reason = "the session's kernel did not start"
             return
         self.ready.set_result(self.id)
@@ -110,36 +113,48 @@ class Session:
             code, timeout_s, fut = item
             if not fut.set_running_or_notify_cancel():
                 continue
+            self._running = fut
             t0 = time.monotonic()
             cell_id = uuid.uuid4().hex
             try:
-                body = json.dumps({"id": cell_id, "code": code}).encode()
-                os.write(proc.stdin.fileno(), struct.pack("<I", len(body)) + body)
                 end = min(deadline, t0 + timeout_s)
-                reply = reader.message(end)
-                while reply.get("id") != cell_id:  # written by a cell, not by the driver: not this cell's reply
-                    reply = reader.message(end)
-            except (SessionEnded, OSError) as e:
-                reason = e.args[0] if isinstance(e, SessionEnded) and e.args else None
-                timed_out = reason == "timeout"
-                self.end_reason = ("a cell ran past its timeout" if timed_out else "closed" if reason == "closed"
-                                   else f"the session died: {e}")
-                fut.set_result(SessionResult(status="timeout" if timed_out else "dead", wall_ms=_ms(t0),
-                                             error=[{"ename": "TimeoutError" if timed_out else "SessionDied",
-                                                     "evalue": self.end_reason, "traceback": []}]))
+                channel.send({"id": cell_id, "code": code}, end)
+                reply = None
+                while reply is None:  # a frame under another id was written by a cell, not by the driver: dropped
+                    reply = channel.message(end, cell_id, self.output_bytes)
+                result = bounded_result(reply, self.output_bytes, _ms(t0))
+            except Exception as e:  # SessionEnded, OSError, or anything a reply could make go wrong: the cell
+                reason = e.args[0] if isinstance(e, SessionEnded) and e.args else None  # fails, the session ends
+                self.end_reason = ("a cell ran past its timeout" if reason == "timeout"
+                                   else "closed" if reason == "closed" else f"the session died: {e}")
+                fut.set_result(_died(self.end_reason, t0, timed_out=reason == "timeout"))
                 return
-            fut.set_result(bounded_result(reply, self.output_bytes, _ms(t0)))
+            fut.set_result(result)
+            self._running = None
             idle_since = time.monotonic()
+
+
+def _died(reason: str, t0: float, timed_out: bool = False) -> SessionResult:
+    return SessionResult(status="timeout" if timed_out else "dead", wall_ms=_ms(t0),
+                         error=[{"ename": "TimeoutError" if timed_out else "SessionDied", "evalue": reason,
+                                 "traceback": []}])
 
 
 def bounded_result(reply: dict, output_bytes: int, wall_ms: float) -> SessionResult:
     """A cell's reply as a SessionResult with every field bounded: stdout and stderr cut to `output_bytes` each,
     the display items and the errors kept while their text fits in `output_bytes` together (the rest dropped,
-    noted by a last item), and nothing but strings inside them."""
+    noted by a last item; all of them when the channel left them out undecoded), and nothing but strings inside
+    them."""
     def text(v) -> str:
         return v if type(v) is str else ""
 
+    def left_out(cut: int | str, kind: str) -> dict:
+        note = f"tide: {cut} {kind} item(s) left out: over the session's output_kb"
+        return {"ename": "OutputLimit", "evalue": note, "traceback": []} if kind == "error" else {"text/plain": note}
+
     def items(values, kind: str) -> list[dict]:
+        if values is LEFT_OUT:  # too large to decode (replies.Channel.message)
+            return [left_out("all", kind)]
         kept, used = [], 0
         for item in values if type(values) is list else []:
             if type(item) is not dict:
@@ -152,10 +167,7 @@ def bounded_result(reply: dict, output_bytes: int, wall_ms: float) -> SessionRes
                 clean = {str(k): text(v) for k, v in item.items() if type(k) is str}
             size = len(json.dumps(clean))
             if used + size > output_bytes:
-                cut = len(values) - len(kept)
-                note = f"tide: {cut} {kind} item(s) left out: over the session's output_kb"
-                kept.append({"ename": "OutputLimit", "evalue": note, "traceback": []} if kind == "error"
-                            else {"text/plain": note})
+                kept.append(left_out(len(values) - len(kept), kind))
                 break
             kept.append(clean)
             used += size
@@ -169,46 +181,3 @@ def bounded_result(reply: dict, output_bytes: int, wall_ms: float) -> SessionRes
 
 def _ms(t0: float) -> float:
     return round((time.monotonic() - t0) * 1000, 3)
-
-
-class _Reader:
-    """Length-prefixed JSON from the container's stdout, with a deadline; ends if the container exits."""
-
-    def __init__(self, fd: int, pidfd: int, closing: threading.Event) -> None:
-        self.fd, self.pidfd, self.closing, self.buf = fd, pidfd, closing, b""
-        # poll, not select: select() cannot watch a descriptor numbered past 1024, and a service with hundreds of
-        # sessions has more open
-        self.poller = select.poll()
-        self.poller.register(fd, select.POLLIN)
-        self.poller.register(pidfd, select.POLLIN)
-
-    def _fill(self, n: int, deadline: float) -> None:
-        while len(self.buf) < n:
-            if self.closing.is_set():
-                raise SessionEnded("closed")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SessionEnded("timeout")
-            ready = {fd for fd, _ in self.poller.poll(math.ceil(min(left, _CLOSE_POLL_S) * 1000))}
-            if self.fd in ready:
-                chunk = os.read(self.fd, 1 << 20)
-                if not chunk:
-                    raise SessionEnded("the container exited")
-                self.buf += chunk
-            elif self.pidfd in ready:
-                raise SessionEnded("the container exited")
-
-    def message(self, deadline: float) -> dict:
-        self._fill(4, deadline)
-        (size,) = struct.unpack("<I", self.buf[:4])
-        if size > _MAX_REPLY:
-            raise SessionEnded("reply too large")
-        self._fill(4 + size, deadline)
-        body, self.buf = self.buf[4:4 + size], self.buf[4 + size:]
-        try:
-            message = json.loads(body)
-        except ValueError:
-            raise SessionEnded("malformed reply") from None
-        if type(message) is not dict:
-            raise SessionEnded("malformed reply")
-        return message

@@ -113,7 +113,7 @@ def test_session_reader_waits_on_descriptors_past_1024():
     import subprocess
     import threading
 
-    from sandbox.sessions import _Reader
+    from sandbox.replies import Channel
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 1600:
@@ -129,8 +129,9 @@ def test_session_reader_waits_on_descriptors_past_1024():
     try:
         body = json.dumps({"id": "x", "stdout": "hi"}).encode()
         os.write(w, struct.pack("<I", len(body)) + body)
-        reader = _Reader(high_r, high_pid, threading.Event())
-        assert reader.message(time.monotonic() + 5) == {"id": "x", "stdout": "hi"}
+        reader = Channel(high_r, high_pid, threading.Event())
+        reply = reader.message(time.monotonic() + 5)
+        assert (reply["id"], reply["stdout"]) == ("x", "hi"), reply
     finally:
         child.kill()
         child.wait()
