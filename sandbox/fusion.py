@@ -55,7 +55,7 @@ class CommandRunResult(BaseModel):
 
 
 class RunCodeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     compile_timeout: float = Field(10, gt=0)
     run_timeout: float = Field(10, gt=0)
@@ -78,7 +78,7 @@ class RunCodeResponse(BaseModel):
 
 
 class RunJupyterRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     cells: list[str]
     cell_timeout: float = Field(0, ge=0)  # 0: no per-cell limit

@@ -6,7 +6,10 @@ import binascii
 import enum
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Requests refuse NaN and Infinity (sandbox/wire.py refuses them in bodies before any model sees them).
+STRICT = ConfigDict(allow_inf_nan=False)
 
 
 class Status(str, enum.Enum):
@@ -22,6 +25,7 @@ class Status(str, enum.Enum):
 class Limits(BaseModel):
     """Per-run limits; any left out take the server's defaults, and all are capped by the server's maxima."""
 
+    model_config = STRICT
     timeout_s: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
     output_kb: int | None = Field(None, gt=0)
@@ -43,6 +47,8 @@ class Checker(BaseModel):
     integer token must be the same integer unless `exact_integers` is false), or program: `code` in
     `language`, run in the sandbox after each case as `checker <input> <output> <answer>` (testlib's order);
     exit status 0 accepts, anything else is a wrong answer, and its stderr is the case's checker_message."""
+
+    model_config = STRICT
 
     kind: Literal["exact", "tokens", "float", "program"] = "exact"
     abs_tol: float = Field(1e-6, ge=0)
@@ -96,6 +102,8 @@ _PYTHON = ("python", "python3", "py")  # the names a request may give Python by
 
 
 class RunRequest(BaseModel):
+    model_config = STRICT
+
     language: str
     code: str
     stdin: str = ""
@@ -192,6 +200,8 @@ class Health(BaseModel):
 class SessionRequest(BaseModel):
     """POST /sessions: a long-lived Python namespace in its own container (sandbox/sessions.py)."""
 
+    model_config = STRICT
+
     language: Literal["python"] = "python"
     limits: Limits = Field(default_factory=Limits, description="memory, pids, disk and output per cell; "
                            "timeout_s is each cell's default wall time")
@@ -205,6 +215,8 @@ class SessionInfo(BaseModel):
 
 
 class SessionRun(BaseModel):
+    model_config = STRICT
+
     code: str
     timeout_s: float | None = Field(None, gt=0)
 

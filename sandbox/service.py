@@ -7,10 +7,12 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
-from . import fusion, metrics
+from . import fusion, metrics, wire
 from .models import (BatchRequest, BatchResult, Health, RunRequest, RunResult, SessionInfo, SessionRequest,
                      SessionResult, SessionRun)
 from .sessions import SessionEnded
@@ -69,7 +71,9 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
         finally:
             await asyncio.to_thread(runtime.close)
 
-    app = FastAPI(title="tide sandbox", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="tide sandbox", version="0.1.0", lifespan=lifespan,
+                  default_response_class=wire.SafeJSONResponse)
+    wire.install(app)  # before any route: strict request bodies, answers that always render
 
     def auth(request: Request) -> None:
         if token is None:
@@ -83,8 +87,8 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
             raise HTTPException(401, "wrong token in the path")
 
     def overloaded(exc: Overloaded) -> JSONResponse:
-        return JSONResponse({"detail": f"sandbox overloaded: {exc}"}, status_code=503,
-                            headers={"Retry-After": str(RETRY_AFTER_S)})
+        return wire.SafeJSONResponse({"detail": f"sandbox overloaded: {exc}"}, status_code=503,
+                                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def record(req: RunRequest, res: RunResult) -> RunResult:
         metrics.RUNS.labels(req.language, res.status.value).inc()
@@ -129,11 +133,18 @@ def create_app(runtime: SandboxRuntime, token: str | None = None, max_request_by
             return refused(str(exc.detail))
         return answer(record(translated, await asyncio.wrap_future(fut)))
 
+    def translated(translate: Callable, req: Any) -> Any:
+        try:
+            return translate(req)
+        except ValidationError as exc:  # the request's own fields (files that are not base64): a 422 like any
+            raise RequestValidationError(exc.errors(include_url=False)) from None
+
     async def run_code(req: fusion.RunCodeRequest) -> Any:
-        return await through_runtime(fusion.to_run_request(req), fusion.to_response, fusion.sandbox_error)
+        return await through_runtime(translated(fusion.to_run_request, req), fusion.to_response, fusion.sandbox_error)
 
     async def run_jupyter(req: fusion.RunJupyterRequest) -> Any:
-        return await through_runtime(fusion.jupyter_request(req), fusion.jupyter_response, fusion.jupyter_error)
+        return await through_runtime(translated(fusion.jupyter_request, req), fusion.jupyter_response,
+                                     fusion.jupyter_error)
 
     # SandboxFusion's client sends no credentials: with a token, point it at http://HOST:PORT/token/<token>.
     for path, handler, model in (("run_code", run_code, fusion.RunCodeResponse),

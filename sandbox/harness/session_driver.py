@@ -9,6 +9,7 @@ bounds every field itself (sandbox/sessions.py). Display text is cut here too, t
 import ast
 import json
 import os
+import re
 import struct
 import signal
 import sys
@@ -29,7 +30,13 @@ def _read(fd: int, n: int) -> bytes:
 
 
 def _send(fd: int, message: dict) -> None:
-    body = json.dumps(message).encode()
+    """One reply frame, valid UTF-8 whatever the cell's text holds: a lone surrogate (an exception's message, a
+    repr) becomes U+FFFD, as undecodable output bytes do (the service refuses a reply it could not pass on)."""
+    text = json.dumps(message, ensure_ascii=False)
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:
+        body = re.sub("[\ud800-\udfff]", "\ufffd", text).encode()
     os.write(fd, struct.pack("<I", len(body)) + body)
 
 
