@@ -77,13 +77,6 @@ def quick(service):
         yield c
 
 
-def _wait(predicate, what: str, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def _attack(client: SandboxClient, code: str) -> list[str]:
     """One hostile cell in a fresh session, then an honest one: both must be answered (a 404 for the second is an
     answer: the first ended the session). Returns the statuses."""
@@ -107,17 +100,17 @@ def test_the_prelude_reaches_the_reply_channel(quick):
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_reply_channel_attacks_are_answered(quick, service, name):
+def test_reply_channel_attacks_are_answered(quick, service, live_sessions, name):
     statuses = _attack(quick, ATTACKS[name])
     assert statuses[0] in ("ok", "error", "dead", "timeout"), statuses
     if name in DROPPED:
         assert statuses == ["ok", "ok"], statuses
-    _wait(lambda: quick.health().sessions == 0, "the session's seat was not freed")
+    assert live_sessions(30) == 0, "the session's seat was not freed"
     snap = service.snapshot()
     assert not snap["slot_procs"] and not snap["sandbox_uid_procs"] and not snap["crun_state"], snap
 
 
-def test_many_hostile_cells_leave_the_service_healthy(quick, service):
+def test_many_hostile_cells_leave_the_service_healthy(quick, service, live_sessions):
     """More hostile cells than uvicorn's request slots (4 x (pool + queue) + 64 = 112 for the test service), 8 at
     a time: every one answered, and then /health, /run and a new session work as before."""
     names = [n for n in sorted(ATTACKS) if "huge" not in n] * 6  # the huge frames have their own test above
@@ -128,19 +121,19 @@ def test_many_hostile_cells_leave_the_service_healthy(quick, service):
                 fut.result()  # raises at the first request left unanswered
         finally:
             pool.shutdown(cancel_futures=True)
-    _wait(lambda: quick.health().sessions == 0, "sessions were not freed")
+    assert live_sessions(30) == 0, "sessions were not freed"
     r = httpx.get(f"{service.url}/health", timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "ok", r.text
     assert quick.run("python", "print(6 * 7)").stdout == "42\n"
     sid = quick.open_session()
     assert quick.run_in_session(sid, "x = 1\nx + 1").display == [{"text/plain": "2"}]
     quick.close_session(sid)
-    _wait(lambda: quick.health().sessions == 0, "the last session was not freed")
+    assert live_sessions(30) == 0, "the last session was not freed"
     snap = service.snapshot()
     assert not snap["slot_procs"] and not snap["sandbox_uid_procs"] and not snap["crun_state"], snap
 
 
-def test_a_driver_that_stops_reading_cannot_hold_the_sessions_thread(quick):
+def test_a_driver_that_stops_reading_cannot_hold_the_sessions_thread(quick, live_sessions):
     """A cell replaces the driver's request reader with one that never reads: the next request, larger than the
     pipe's buffer, blocked the session's thread in its write for good (no answer, and DELETE could not end it)."""
     sid = quick.open_session(ttl_s=60)
@@ -149,7 +142,7 @@ def test_a_driver_that_stops_reading_cannot_hold_the_sessions_thread(quick):
                    timeout=ANSWER_S)
     assert r.status_code in (200, 404), r.text[:300]
     assert r.status_code == 404 or r.json()["status"] in ("timeout", "dead"), r.text[:300]
-    _wait(lambda: quick.health().sessions == 0, "the session's seat was not freed")
+    assert live_sessions(30) == 0, "the session's seat was not freed"
 
 
 @pytest.mark.timeout(60)
