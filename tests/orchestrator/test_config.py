@@ -197,7 +197,7 @@ def test_loglinear_proximal_needs_a_stale_batch_tis_and_grpo():
     cfg = parse_config({**_base(), "trainer": {"loss": "grpo"}, "rollout": {**tis, "proximal": "loglinear"}})
     assert cfg.rollout.proximal == "loglinear"
     assert parse_config({**_base(), "rollout": tis}).rollout.proximal == "recompute"
-    with pytest.raises(ConfigError, match="with max_staleness 0 they are the same policy"):
+    with pytest.raises(ConfigError, match="with max_staleness 0 every token is of the trainer.s own policy"):
         parse_config({**_base(), "rollout": {"mismatch_correction": "tis", "proximal": "loglinear"}})
     for other in ("mis", "icepop"):
         with pytest.raises(ConfigError, match=f"needs mismatch_correction tis .it is {other}"):
