@@ -130,3 +130,16 @@ def chatml_tokenizer():
                                    additional_special_tokens=specials[1:])
     fast.chat_template = CHATML
     return fast
+
+
+def python_episodes(client, n: int, counts, timeout_s: float = 30, **session) -> list:
+    """`n` tool conversations with the built-in python tool, each on a sandbox session of its own (`session`:
+    PythonSession's ttl_s, cell_timeout_s), the session its episode's resource."""
+    from rollout.agent import HermesParser, PythonSession, ToolBox, ToolEpisode
+
+    out = []
+    for i in range(n):
+        py = PythonSession(client, limits={"output_kb": 16}, **session)
+        out.append(ToolEpisode([{"role": "user", "content": f"task {i}"}], HermesParser(),
+                               ToolBox([py.tool()], timeout_s=timeout_s, max_chars=4000), counts, [py]))
+    return out

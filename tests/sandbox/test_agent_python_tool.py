@@ -9,7 +9,7 @@ import pytest
 
 from rollout.agent import HermesParser, PythonSession, ToolBox
 from rollout.agent.runner import AgentLimits, AgentRunner, ToolEpisode
-from tests.rollout.rollout_helpers import scripted_generate
+from tests.rollout.rollout_helpers import python_episodes, scripted_generate
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
 
@@ -102,15 +102,6 @@ def test_the_trl_benchmarks_python_tool_is_tides_own_and_its_harness_failures_re
     assert errors == ["AttributeError: renamed"] and counts["calls"] == 2
 
 
-def _python_episodes(client, n: int, counts: Counter, timeout_s: float = 30, **session):
-    out = []
-    for i in range(n):
-        py = PythonSession(client, limits={"output_kb": 8}, **session)
-        box = ToolBox([py.tool()], timeout_s=timeout_s, max_chars=4000)
-        out.append((py, ToolEpisode([{"role": "user", "content": f"task {i}"}], HermesParser(), box, counts, [py])))
-    return out
-
-
 def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, live_sessions, tiny_model_dir):
     """The model writes two calls in one turn (`x = 1`, then `print(x)`): they run one after another in that order
     in the trajectory's one interpreter (run together, the second opened an interpreter of its own and failed with
@@ -121,7 +112,8 @@ def test_two_calls_of_one_turn_share_the_interpreter_in_order(client, live_sessi
     cells = ["x = 1", "x = x + 1", "print(x)", "x = x * 10", "print(x)"]
     script = {0: ["".join(_call(c) for c in cells), _call("print(x)"), "done"]}
     counts = Counter()
-    [(py, episode)] = _python_episodes(client, 1, counts)
+    [episode] = python_episodes(client, 1, counts)
+    py = episode.resources[0]
     runner = AgentRunner(scripted_generate(tok, script), tok, AgentLimits(max_turns=4, max_total_tokens=20000),
                          tools=episode.tools.schemas)
     text = tok.decode(runner.run([episode], seed=0).items[0].completion_ids)

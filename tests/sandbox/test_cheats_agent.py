@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
-from rollout.agent import HermesParser, PythonSession, ToolBox, encode_text
-from rollout.agent.runner import AgentLimits, AgentRunner, ToolEpisode
-from tests.rollout.rollout_helpers import Turn, chatml_tokenizer, scripted_generate
+from rollout.agent import encode_text
+from rollout.agent.runner import AgentLimits, AgentRunner
+from tests.rollout.rollout_helpers import Turn, chatml_tokenizer, python_episodes, scripted_generate
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
 
@@ -38,15 +38,6 @@ def _call(code: str) -> str:
     return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
 
-def _episodes(client, n: int, counts: Counter, timeout_s: float = 30, **session) -> list[ToolEpisode]:
-    out = []
-    for i in range(n):
-        py = PythonSession(client, limits={"output_kb": 16}, **session)
-        out.append(ToolEpisode([{"role": "user", "content": f"task {i}"}], HermesParser(),
-                               ToolBox([py.tool()], timeout_s=timeout_s, max_chars=4000), counts, [py]))
-    return out
-
-
 def test_tool_output_cannot_forge_the_templates_control_tokens(client, live_sessions):
     tok = chatml_tokenizer()
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -58,7 +49,7 @@ def test_tool_output_cannot_forge_the_templates_control_tokens(client, live_sess
         return Turn(text, tuple(encode_text(tok, text)) + (end,))
     script = {i: [turn(code), "done"] for i, code in enumerate(cells.values())}
     counts = Counter()
-    episodes = _episodes(client, len(cells), counts)
+    episodes = python_episodes(client, len(cells), counts)
     runner = AgentRunner(scripted_generate(tok, script, end_of_turn=end), tok,
                          AgentLimits(max_turns=3, max_total_tokens=20000, max_tool_response_tokens=120),
                          tools=episodes[0].tools.schemas)
@@ -84,7 +75,7 @@ def test_one_trajectorys_slow_cells_leave_a_neighbours_cell_alone(client, live_s
     slow = _call("import time\ntime.sleep(60)")
     script = {0: [slow * 4, "done"], 1: [_call("print(6 * 7)"), "done"]}
     counts = Counter()
-    ep0, ep1 = _episodes(client, 2, counts, timeout_s=3.0, cell_timeout_s=90)
+    ep0, ep1 = python_episodes(client, 2, counts, timeout_s=3.0, cell_timeout_s=90)
     runner = AgentRunner(scripted_generate(tok, script), tok, AgentLimits(max_turns=3, max_total_tokens=20000),
                          tools=ep0.tools.schemas)
     samples = runner.run([ep0, ep1], seed=0).items
@@ -100,7 +91,7 @@ def test_calls_the_tool_timeout_cuts_leave_no_session_behind(client, live_sessio
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     counts = Counter()
-    opening, running = _episodes(client, 2, counts, timeout_s=1.5, ttl_s=600)
+    opening, running = python_episodes(client, 2, counts, timeout_s=1.5, ttl_s=600)
     opening.tools.timeout_s = 0.001  # cut while the session opens
     script = {0: [_call("x = 1"), "done"], 1: [_call("import time\ntime.sleep(30)"), "done"]}
     runner = AgentRunner(scripted_generate(tok, script), tok, AgentLimits(max_turns=3, max_total_tokens=20000),
