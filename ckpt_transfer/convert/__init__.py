@@ -6,10 +6,10 @@ from typing import Any
 
 from . import deepseek_v3, dense, gpt_oss, mixtral
 from .common import AttentionShape, ConversionError, HFTensor, RankLayout, fuse_qkv, split_qkv, tp_slice
-from .engine_config import check_engine
-from .support import UnsupportedModelError
+from .engine_config import engine_problems
+from .support import UnsupportedModelError, refuse_all
 
-# model_type -> the module converting it; each has check_supported, megatron_transformer_kwargs,
+# model_type -> the module converting it; each has problems, check_supported, megatron_transformer_kwargs,
 # hf_to_megatron and megatron_to_hf, and may have transformer_config_class and layer_spec (trainer/megatron/model.py)
 _FAMILIES = {"qwen2": dense, "qwen3": dense, "llama": dense, "mistral": dense, "mixtral": mixtral,
              "qwen3_moe": mixtral, "deepseek_v3": deepseek_v3,
@@ -30,10 +30,10 @@ def is_moe(hf_config: Any) -> bool:
 
 
 def check_supported(hf_config: Any) -> None:
-    """Raise UnsupportedModelError naming the first config.json field whose computation the trainer would not
-    reproduce, or the engines (vLLM) would not compute as transformers does (engine_config.check_engine)."""
-    family(hf_config).check_supported(hf_config)
-    check_engine(hf_config)
+    """Raise UnsupportedModelError naming every config.json field whose computation the trainer would not
+    reproduce, or the engines (vLLM) would not compute as transformers does (engine_config.engine_problems), each
+    as the file names it (support.refuse_all)."""
+    refuse_all(hf_config, [lambda c: family(c).problems(c), engine_problems])
 
 
 __all__ = ["family", "check_supported", "is_moe", "UnsupportedModelError", "AttentionShape", "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]

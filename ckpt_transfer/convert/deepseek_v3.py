@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -48,7 +48,7 @@ from .common import (
     TensorGetter,
     tp_slice,
 )
-from .support import UnsupportedModelError, check_common, rope_parameters
+from .support import Refusal, common_problems, refuse_all, rope_parameters
 
 # yarn: DeepSeek-V3's and Kimi K2's released configs; Megatron's MLA implements it (YarnRotaryEmbedding, the
 # softmax scale mscale(factor, mscale_all_dim)^2 / sqrt(q head dim)), mapped in _rope_kwargs
@@ -83,70 +83,69 @@ _TOP_LEVEL = {
 
 
 # ---- what is supported -------------------------------------------------------------------------------------
-def _refuse(field: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"config.json field {field} = {value!r}: {why}")
-
-
 def _group_routing(hf_config: Any) -> tuple[int | None, int | None]:
     """(num_groups, group_topk) for Megatron, None when group limiting selects every expert anyway."""
     groups, chosen = int(getattr(hf_config, "n_group", None) or 1), int(getattr(hf_config, "topk_group", None) or 1)
     return (None, None) if groups <= 1 or chosen >= groups else (groups, chosen)
 
 
-def _check_yarn(hf_config: Any) -> None:
+def _yarn_problems(hf_config: Any) -> Iterator[Refusal]:
     rope = rope_parameters(hf_config)
     if rope["rope_type"] != "yarn":
         return
     for field in ("factor", "original_max_position_embeddings"):
         if rope.get(field) is None:
-            raise _refuse(f"rope_scaling.{field}", None, "yarn needs it (transformers' fallback from "
+            yield Refusal(f"rope_parameters.{field}", None, "yarn needs it (transformers' fallback from "
                           "max_position_embeddings is not implemented)")
     if rope.get("attention_factor") is not None:
-        raise _refuse("rope_scaling.attention_factor", rope["attention_factor"], "an explicit yarn attention factor "
-                      "is not implemented")
+        yield Refusal("rope_parameters.attention_factor", rope["attention_factor"], "an explicit yarn attention "
+                      "factor is not implemented")
     if rope.get("truncate", True) is not True:
-        raise _refuse("rope_scaling.truncate", rope["truncate"], "yarn without a rounded correction range is not "
+        yield Refusal("rope_parameters.truncate", rope["truncate"], "yarn without a rounded correction range is not "
                       "implemented")
     if not rope.get("mscale") and rope.get("mscale_all_dim"):
-        raise _refuse("rope_scaling.mscale", rope.get("mscale"), "yarn with mscale_all_dim but no mscale is not "
+        yield Refusal("rope_parameters.mscale", rope.get("mscale"), "yarn with mscale_all_dim but no mscale is not "
                       "implemented")
 
 
-def _check_rope(hf_config: Any) -> None:
-    if getattr(hf_config, "rope_interleave", True) is False:
-        raise _refuse("rope_interleave", False, "vLLM's DeepSeek model always rotates interleaved rope channels "
-                      "(as Megatron's MLA does); the non-interleaved variant is not implemented")
-
-
-def check_supported(hf_config: Any) -> None:
-    check_common(hf_config, ROPE_TYPES)
-    _check_rope(hf_config)
-    _check_yarn(hf_config)
-    if getattr(hf_config, "attention_bias", False):
-        raise _refuse("attention_bias", True, "Megatron's multi-latent attention has no projection biases")
+def _routing_problems(hf_config: Any) -> Iterator[Refusal]:
     method = getattr(hf_config, "topk_method", "noaux_tc")
     if method != "noaux_tc":
-        raise _refuse("topk_method", method, "only DeepSeek-V3's noaux_tc routing (sigmoid scores plus "
+        yield Refusal("topk_method", method, "only DeepSeek-V3's noaux_tc routing (sigmoid scores plus "
                       "e_score_correction_bias for the choice) is implemented")
     scoring = getattr(hf_config, "scoring_func", "sigmoid")
     if scoring != "sigmoid":
-        raise _refuse("scoring_func", scoring, "only sigmoid router scores are implemented")
+        yield Refusal("scoring_func", scoring, "only sigmoid router scores are implemented")
     if hf_config.num_experts_per_tok > 1 and not getattr(hf_config, "norm_topk_prob", True):
-        raise _refuse("norm_topk_prob", False, "Megatron's sigmoid router always renormalises the top-k "
-                      "weights")
+        yield Refusal("norm_topk_prob", False, "Megatron's sigmoid router always renormalises the top-k weights")
     if int(getattr(hf_config, "moe_layer_freq", 1) or 1) != 1:
-        raise _refuse("moe_layer_freq", hf_config.moe_layer_freq, "transformers puts experts in every layer "
-                      "after first_k_dense_replace; other patterns are not implemented")
+        yield Refusal("moe_layer_freq", hf_config.moe_layer_freq, "transformers puts experts in every layer after "
+                      "first_k_dense_replace; other patterns are not implemented")
     groups, chosen = _group_routing(hf_config)
     if groups is not None:
         if hf_config.n_routed_experts % groups:
-            raise _refuse("n_group", groups, f"does not divide n_routed_experts ({hf_config.n_routed_experts})")
+            yield Refusal("n_group", groups, f"does not divide n_routed_experts ({hf_config.n_routed_experts})")
         # transformers scores a group by its 2 best experts, Megatron by its top_k / topk_group best
         if hf_config.num_experts_per_tok // chosen != 2:
-            raise _refuse("topk_group", chosen, f"groups are scored by their top "
+            yield Refusal("topk_group", chosen, f"groups are scored by their top "
                           f"{hf_config.num_experts_per_tok // chosen} experts in Megatron (num_experts_per_tok "
                           "/ topk_group) but their top 2 in transformers; only num_experts_per_tok == 2 * "
                           "topk_group is implemented")
+
+
+def problems(hf_config: Any) -> Iterator[Refusal]:
+    yield from common_problems(hf_config, ROPE_TYPES)
+    if getattr(hf_config, "rope_interleave", True) is False:
+        yield Refusal("rope_interleave", False, "vLLM's DeepSeek model always rotates interleaved rope channels "
+                      "(as Megatron's MLA does); the non-interleaved variant is not implemented")
+    yield from _yarn_problems(hf_config)
+    if getattr(hf_config, "attention_bias", False):
+        yield Refusal("attention_bias", True, "Megatron's multi-latent attention has no projection biases")
+    yield from _routing_problems(hf_config)
+
+
+def check_supported(hf_config: Any) -> None:
+    refuse_all(hf_config, [problems])
 
 
 # ---- Megatron model ----------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ Megatron names are those of `GPTModel` built with the local layer spec; HF names
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
 from .common import (AttentionShape, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, fuse_qkv,
                      split_qkv_views, tp_slice)
-from .support import UnsupportedModelError, check_common
+from .support import Refusal, common_problems, refuse_all
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -35,11 +35,14 @@ _SIMPLE_LAYER = {
 QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 
 
-def check_supported(hf_config: Any) -> None:
-    check_common(hf_config)
+def problems(hf_config: Any) -> Iterator[Refusal]:
+    yield from common_problems(hf_config)
     if hf_config.model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
-        raise UnsupportedModelError("config.json field attention_bias = True: attention biases are implemented for "
-                                    "qwen2's q/k/v projections only")
+        yield Refusal("attention_bias", True, "attention biases are implemented for qwen2's q/k/v projections only")
+
+
+def check_supported(hf_config: Any) -> None:
+    refuse_all(hf_config, [problems])
 
 
 def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, layout: RankLayout,

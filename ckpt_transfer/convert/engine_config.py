@@ -18,13 +18,14 @@ Such fields are added where absent (`engine_fields`): into the config.json of ev
 (ckpt_transfer.writer.copy_aux_files, so an exported directory serves right in any vLLM too) and, for a directory
 tide does not write (the run's `model.path`, which engines start on), as the engine's `hf_overrides`
 (rollout/engine_model.py). What vLLM cannot compute as transformers does is refused by name before anything starts
-(`check_engine`, part of convert.check_supported).
+(`engine_problems`, part of convert.check_supported).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from .support import UnsupportedModelError, rope_parameters
+from .support import Refusal, rope_parameters
 
 # transformers' yarn defaults (modeling_rope_utils._compute_yarn_parameters: `get("beta_fast") or 32`)
 _YARN_BETAS = (("beta_fast", 32.0), ("beta_slow", 1.0))
@@ -68,57 +69,53 @@ def complete_config_json(raw: dict, hf_config: Any) -> dict:
     return out
 
 
-def _refuse(field: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"config.json field {field} = {value!r}: {why}")
-
-
-def check_engine(hf_config: Any) -> None:
-    """Raise UnsupportedModelError naming the first field that vLLM 0.32 computes otherwise than transformers (or
-    cannot load), for fields the trainer itself supports."""
+def engine_problems(hf_config: Any) -> Iterator[Refusal]:
+    """The fields that vLLM 0.32 computes otherwise than transformers (or cannot load), of fields the trainer itself
+    supports."""
     kind = getattr(hf_config, "model_type", None)
     if kind in ("deepseek_v3", "gpt_oss") and getattr(hf_config, "tie_word_embeddings", False):
-        raise _refuse("tie_word_embeddings", True, f"vLLM's {kind} model never ties its lm_head to the embeddings "
+        yield Refusal("tie_word_embeddings", True, f"vLLM's {kind} model never ties its lm_head to the embeddings "
                       "as transformers does: it serves the checkpoint, which holds no lm_head.weight, with an "
                       "lm_head it never loads")
     if kind == "qwen2":
         head_dim = getattr(hf_config, "head_dim", None)
         if head_dim and head_dim != hf_config.hidden_size // hf_config.num_attention_heads:
-            raise _refuse("head_dim", head_dim, "vLLM's Qwen2 model takes hidden_size / num_attention_heads "
+            yield Refusal("head_dim", head_dim, "vLLM's Qwen2 model takes hidden_size / num_attention_heads "
                           f"({hf_config.hidden_size // hf_config.num_attention_heads}) where transformers reads "
                           "head_dim")
     if kind == "deepseek_v3":
-        _check_deepseek_yarn(hf_config)
+        yield from _deepseek_yarn_problems(hf_config)
     if kind == "gpt_oss":
-        _check_gpt_oss(hf_config)
+        yield from _gpt_oss_problems(hf_config)
 
 
-def _check_deepseek_yarn(hf_config: Any) -> None:
+def _deepseek_yarn_problems(hf_config: Any) -> Iterator[Refusal]:
     rope = rope_parameters(hf_config)
     mscale, all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
     # transformers scales cos and sin by mscale(f, mscale) / mscale(f, mscale_all_dim) only when both are set, else
     # by mscale(f, 1); vLLM's deepseek_yarn by the ratio always, with mscale 1 and mscale_all_dim 0 by default
     if rope["rope_type"] == "yarn" and mscale is not None and float(mscale) != 1.0 and not all_dim:
-        raise _refuse("rope_scaling.mscale", mscale, "without mscale_all_dim transformers ignores it and vLLM "
+        yield Refusal("rope_parameters.mscale", mscale, "without mscale_all_dim transformers ignores it and vLLM "
                       "scales cos and sin by it")
 
 
-def _check_gpt_oss(hf_config: Any) -> None:
+def _gpt_oss_problems(hf_config: Any) -> Iterator[Refusal]:
     limit = float(getattr(hf_config, "swiglu_limit", GPT_OSS_SWIGLU_LIMIT))
     if limit != GPT_OSS_SWIGLU_LIMIT:
-        raise _refuse("swiglu_limit", limit, f"vLLM's gpt-oss experts clamp at {GPT_OSS_SWIGLU_LIMIT} whatever the "
+        yield Refusal("swiglu_limit", limit, f"vLLM's gpt-oss experts clamp at {GPT_OSS_SWIGLU_LIMIT} whatever the "
                       "config says")
     rope = rope_parameters(hf_config)
     if rope["rope_type"] != "yarn":
-        raise _refuse("rope_parameters.rope_type", rope["rope_type"], "vLLM's gpt-oss model always rotates with "
+        yield Refusal("rope_parameters.rope_type", rope["rope_type"], "vLLM's gpt-oss model always rotates with "
                       "yarn (its factor, original_max_position_embeddings and betas)")
     if rope.get("attention_factor") is not None or (rope.get("mscale") and rope.get("mscale_all_dim")):
         field = "attention_factor" if rope.get("attention_factor") is not None else "mscale"
-        raise _refuse(f"rope_parameters.{field}", rope[field], "vLLM's gpt-oss model takes yarn's attention "
+        yield Refusal(f"rope_parameters.{field}", rope[field], "vLLM's gpt-oss model takes yarn's attention "
                       "factor from its factor alone")
     # vLLM: a window on every even layer (layer_idx % 2 == 0), none on odd ones; transformers: per layer_types
     window = getattr(hf_config, "sliding_window", None)
     types = list(getattr(hf_config, "layer_types", None) or ["full_attention"] * hf_config.num_hidden_layers)
     served = ["sliding_attention" if window and i % 2 == 0 else "full_attention" for i in range(len(types))]
     if types != served:
-        raise _refuse("layer_types", types, f"vLLM's gpt-oss model puts {'the window' if window else 'no window'} "
+        yield Refusal("layer_types", types, f"vLLM's gpt-oss model puts {'the window' if window else 'no window'} "
                       f"on every even layer ({served}) whatever layer_types says")

@@ -31,14 +31,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from . import dense
 from .common import ConversionError, HFStream, HFTensor, RankLayout, TensorGetter
-from .support import UnsupportedModelError, check_common, rope_parameters
+from .support import Refusal, common_problems, refuse_all, rope_parameters
 
 # Megatron allows expert biases only with expert tensor parallelism 1
 EXPERT_TENSOR_PARALLEL = False
@@ -60,35 +60,40 @@ _MORE_LAYER = {
 _LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-def _refuse(field: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"config.json field {field} = {value!r}: {why}")
-
-
-def layer_types(hf_config: Any) -> list[str]:
+def _layer_type_problems(hf_config: Any) -> Iterator[Refusal]:
     types = list(getattr(hf_config, "layer_types", None) or ["full_attention"] * hf_config.num_hidden_layers)
     unknown = sorted(set(types) - set(_LAYER_TYPES))
     if unknown:
-        raise _refuse("layer_types", unknown, f"only {' and '.join(_LAYER_TYPES)} layers are implemented")
+        yield Refusal("layer_types", unknown, f"only {' and '.join(_LAYER_TYPES)} layers are implemented")
     if len(types) != hf_config.num_hidden_layers:
-        raise _refuse("layer_types", types, f"{len(types)} entries for {hf_config.num_hidden_layers} layers")
-    return types
+        yield Refusal("layer_types", types, f"{len(types)} entries for {hf_config.num_hidden_layers} layers")
+
+
+def layer_types(hf_config: Any) -> list[str]:
+    refuse_all(hf_config, [_layer_type_problems])
+    return list(getattr(hf_config, "layer_types", None) or ["full_attention"] * hf_config.num_hidden_layers)
+
+
+def problems(hf_config: Any) -> Iterator[Refusal]:
+    # the sliding windows and the activation are this family's own (checked here), the rest is common
+    window = getattr(hf_config, "sliding_window", None)
+    yield from _layer_type_problems(hf_config)
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+        yield Refusal("sliding_window", window, "sliding_attention layers need a positive window")
+    alpha = float(getattr(hf_config, "swiglu_alpha", QUICK_GELU_ALPHA))
+    if alpha != QUICK_GELU_ALPHA:
+        yield Refusal("swiglu_alpha", alpha, f"Megatron's quick_gelu computes gate * sigmoid({QUICK_GELU_ALPHA} gate)")
+    if getattr(hf_config, "router_jitter_noise", 0.0):
+        yield Refusal("router_jitter_noise", hf_config.router_jitter_noise, "router noise has no Megatron equivalent")
+    if not getattr(hf_config, "attention_bias", True):
+        yield Refusal("attention_bias", False, "gpt_oss is implemented with its q/k/v/o biases")
+    full_attention = _Overridden(hf_config, layer_types=None, sliding_window=None, use_sliding_window=False)
+    yield from common_problems(full_attention, rope_types=ROPE_TYPES)
 
 
 def check_supported(hf_config: Any) -> None:
-    # the sliding windows and the activation are this family's own (checked here), the rest is common
-    window = getattr(hf_config, "sliding_window", None)
-    types = layer_types(hf_config)
-    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
-        raise _refuse("sliding_window", window, "sliding_attention layers need a positive window")
-    alpha = float(getattr(hf_config, "swiglu_alpha", QUICK_GELU_ALPHA))
-    if alpha != QUICK_GELU_ALPHA:
-        raise _refuse("swiglu_alpha", alpha, f"Megatron's quick_gelu computes gate * sigmoid({QUICK_GELU_ALPHA} gate)")
-    if getattr(hf_config, "router_jitter_noise", 0.0):
-        raise _refuse("router_jitter_noise", hf_config.router_jitter_noise, "router noise has no Megatron equivalent")
-    if not getattr(hf_config, "attention_bias", True):
-        raise _refuse("attention_bias", False, "gpt_oss is implemented with its q/k/v/o biases")
-    full_attention = _Overridden(hf_config, layer_types=None, sliding_window=None, use_sliding_window=False)
-    check_common(full_attention, rope_types=ROPE_TYPES)
+    refuse_all(hf_config, [problems])
 
 
 class _Overridden:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
 from . import dense
 from .common import HFStream, HFTensor, RankLayout, TensorGetter, tp_slice
-from .support import UnsupportedModelError
+from .support import Refusal, refuse_all
 
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _ROUTER = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.router\.weight$")
@@ -103,26 +103,25 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
     return out
 
 
-def check_supported(hf_config: Any) -> None:
-    dense.check_supported(hf_config)
-    _check_moe(hf_config)
-
-
-def _check_moe(hf_config: Any) -> None:
+def problems(hf_config: Any) -> Iterator[Refusal]:
+    yield from dense.problems(hf_config)
     if getattr(hf_config, "router_jitter_noise", 0.0):
-        raise UnsupportedModelError(f"config.json field router_jitter_noise = {hf_config.router_jitter_noise!r}: "
-                                    "router noise has no Megatron equivalent")
+        yield Refusal("router_jitter_noise", hf_config.router_jitter_noise, "router noise has no Megatron equivalent")
     if hf_config.model_type == "qwen3_moe":
         if getattr(hf_config, "decoder_sparse_step", 1) != 1:
-            raise UnsupportedModelError(f"config.json field decoder_sparse_step = {hf_config.decoder_sparse_step}: "
-                                        "only models with experts in every layer are implemented")
+            yield Refusal("decoder_sparse_step", hf_config.decoder_sparse_step, "only models with experts in every "
+                          "layer are implemented")
         if getattr(hf_config, "mlp_only_layers", None):
-            raise UnsupportedModelError(f"config.json field mlp_only_layers = {hf_config.mlp_only_layers}: "
-                                        "only models with experts in every layer are implemented")
+            yield Refusal("mlp_only_layers", hf_config.mlp_only_layers, "only models with experts in every layer "
+                          "are implemented")
+
+
+def check_supported(hf_config: Any) -> None:
+    refuse_all(hf_config, [problems])
 
 
 def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
-    _check_moe(hf_config)
+    check_supported(hf_config)
     nm = _names(hf_config)
     kw = dict(dense.megatron_transformer_kwargs(hf_config))  # checks the rest
     renormalise = hf_config.model_type == "mixtral" or bool(getattr(hf_config, "norm_topk_prob", False))

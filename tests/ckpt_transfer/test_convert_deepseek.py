@@ -226,10 +226,10 @@ def test_yarn_maps_to_megatrons_mla_yarn():
 
 @pytest.mark.parametrize("change,named", [
     ({"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "rope_type = 'llama3'"),
-    ({"attention_factor": 2.0}, "rope_scaling.attention_factor = 2.0"),
-    ({"truncate": False}, "rope_scaling.truncate = False"),
-    ({"mscale": None}, "rope_scaling.mscale = None"),
-    ({"original_max_position_embeddings": None}, "rope_scaling.original_max_position_embeddings = None"),
+    ({"attention_factor": 2.0}, "rope_parameters.attention_factor = 2.0"),
+    ({"truncate": False}, "rope_parameters.truncate = False"),
+    ({"mscale": None}, "rope_parameters.mscale = None"),
+    ({"original_max_position_embeddings": None}, "rope_parameters.original_max_position_embeddings = None"),
 ])
 def test_rope_scaling_refusals_name_the_field(change, named):
     with pytest.raises(UnsupportedModelError, match=re.escape(named)):

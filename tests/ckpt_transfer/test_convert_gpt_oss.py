@@ -145,7 +145,7 @@ def test_transformer_config_fields():
     ({"sliding_window": None}, "sliding_window = None"),
     ({"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config.quant_method = 'mxfp4'"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 150000.0}},
-     "rope_scaling.rope_type = 'dynamic'"),  # transformers 5 keeps rope_scaling beside rope_parameters
+     "rope_parameters.rope_type = 'dynamic'"),  # named as the config gives it, not by transformers' alias
     ({"router_jitter_noise": 0.1}, "router_jitter_noise = 0.1"),
 ], ids=["alpha", "layer-type", "no-window", "mxfp4", "dynamic-rope", "router-noise"])
 def test_unsupported_computation_is_refused_by_field(fields, named):

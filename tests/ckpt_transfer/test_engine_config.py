@@ -76,7 +76,7 @@ def test_publish_writes_the_completed_config(tmp_path):
 @pytest.mark.parametrize("make,named", [
     (lambda: _deepseek(tie_word_embeddings=True), "tie_word_embeddings = True"),
     (lambda: _gpt_oss(tie_word_embeddings=True), "tie_word_embeddings = True"),
-    (lambda: _deepseek(rope_parameters={**YARN, "mscale": 0.707}), "rope_scaling.mscale = 0.707"),
+    (lambda: _deepseek(rope_parameters={**YARN, "mscale": 0.707}), "rope_parameters.mscale = 0.707"),
     (lambda: _gpt_oss(swiglu_limit=5.0), "swiglu_limit = 5.0"),
     (lambda: _gpt_oss(rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
      "rope_parameters.rope_type = 'default'"),

@@ -87,3 +87,54 @@ def test_routing_replay_on_engines_told_not_to_record_exits_2(tmp_path):
     assert "needs the engines to record the experts they route to" in proc.stderr
     assert not (tmp_path / "run").exists()
 
+
+
+def _config_dir(tmp_path: Path, **fields) -> Path:
+    """A model directory holding only a config.json (all that the support check reads): a small Llama with
+    `fields` written over it as a released file would hold them."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=64).save_pretrained(tmp_path)
+    raw = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items() if k != "rope_parameters"}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, **fields}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                          "rope_theta": 1e4}}, "rope_parameters.rope_type = 'yarn'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+      "rope_theta": 1e4}, "rope_scaling.rope_type = 'yarn'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.type = 'dynamic'"),
+], ids=["rope_parameters", "rope_scaling", "rope_scaling-type"])
+def test_rope_field_is_named_as_the_file_names_it(tmp_path, fields, named):
+    """transformers 5 reads `rope_scaling` and `rope_parameters` into one attribute (each the other's alias): the
+    refusal names the field the user will find in the file."""
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported
+
+    with pytest.raises(UnsupportedModelError) as e:
+        check_supported(AutoConfig.from_pretrained(_config_dir(tmp_path, **fields)))
+    assert str(e.value) == f"config.json field {named}: this rope type is not implemented for llama (supported: " \
+                           f"default, linear, llama3)"
+
+
+def test_every_unsupported_field_is_listed_at_once(tmp_path):
+    """Three refused fields: one message naming the three (the run exits 2 with it: ConfigError), not the first
+    of three runs."""
+    from orchestrator.config import ConfigError, parse_config
+    from orchestrator.session import _check_model_supported
+
+    model = _config_dir(tmp_path, hidden_act="gelu", mlp_bias=True,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    cfg = parse_config({"name": "m", "iterations": 1, "model": {"path": str(model)}})
+    with pytest.raises(ConfigError) as e:
+        _check_model_supported(str(model), cfg)
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"model {model}: 3 fields of the model's config.json ask for computation tide does not " \
+                       f"implement:"
+    assert [line.split(" = ")[0] for line in lines[1:]] == [
+        "  config.json field rope_scaling.rope_type", "  config.json field hidden_act",
+        "  config.json field mlp_bias"]
