@@ -43,8 +43,8 @@ class PublishConfig(_Strict):
 
     shm_root: ConfigPath = Field(
         "/dev/shm/tide", description="Directory (normally in shared memory) where the trainer ranks write each "
-        "iteration's Hugging Face shards, under <shm_root>/<name>/<iteration>; it needs room for keep_last + 1 "
-        "iterations of weights.")
+        "iteration's Hugging Face shards, under <shm_root>/<name>-<run id>/<iteration> (the run id: RUN_DIR/run_id); "
+        "it needs room for keep_last + 1 iterations of weights.")
     keep_last: int = Field(2, ge=1, description="Published iterations kept in shared memory; older ones are "
                            "deleted.")
     shard_bytes: int = Field(512 * 1024**2, gt=0, description="Target size of one safetensors shard file, in bytes "

@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import PublishConfig, WeightTransferConfig
 from .gc import gc_iterations, iteration_dir
 from .manifest import Manifest
+from .owners import claim, sweep_dead_runs
 from .verify import engine_checkpoint_dir, verify_manifest
 
 
@@ -32,8 +33,11 @@ class Delivery:
 
 class WeightSync(ABC):
     def __init__(self, run: str, publish: PublishConfig, engines: int) -> None:
+        """`run`: the run's own key (two live runs never share one: ckpt_transfer/owners.py)."""
         self.run, self.cfg, self.engines = run, publish, engines
         self.root = Path(publish.shm_root) / run
+        self.swept = sweep_dead_runs(Path(publish.shm_root))  # what killed runs left on this host
+        claim(self.root)
 
     def staging_dir(self, iteration: int) -> Path:
         """An empty directory for the trainer ranks to write `iteration` into."""
@@ -118,6 +122,9 @@ class MooncakeSync(WeightSync):
 
         super().__init__(run, publish, engines)
         self.transfer, self.timeout = transfer, timeout_s
+        for k in range(engines):  # the killed runs' copies on this host's rollout nodes
+            for name in self.swept:
+                shutil.rmtree(self._rollout_root(k) / name, ignore_errors=True)
         mooncake = transfer.mooncake.model_dump()
         self.registry = get_or_create_registry(transfer.registry_name, namespace,
                                                state_path=transfer.registry_state_path)

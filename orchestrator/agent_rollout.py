@@ -182,7 +182,8 @@ def episode_rewards(samples: Samples) -> RewardPhase:
     values = [s.reward for s in samples]
     if any(v is None for v in values):
         raise RuntimeError("an environment ended a trajectory without a reward")
-    return RewardPhase({"reward_mean": sum(values) / len(values) if values else float("nan")})
+    return RewardPhase({"reward_mean": sum(values) / len(values) if values else float("nan")},
+                       values={"the environment": values})
 
 
 def engine_turns(engines, sampling: TokenDistribution) -> Callable[[list[Problem], int, int], Samples]:

@@ -54,14 +54,24 @@ def _load(config: Path, overrides: list[str] | None) -> TideConfig:
 def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
     """Run (or resume) and record how it ended in status.json. A run that stops on its input before anything
     ran (a bad row, a reward function that cannot be imported: exit 2) leaves no directory behind when it made
-    it; any other failure leaves status.json saying `failed` and why."""
+    it; any other failure leaves status.json saying `failed` and why, and its traceback in RUN_DIR/error.log
+    (orchestrator/failures.py)."""
     try:
         _drive(cfg, run, resume)
     except BaseException as e:
-        if isinstance(e, (ConfigError, TaskDataError)) and run.created and not run.metrics():
+        if (isinstance(e, (ConfigError, TaskDataError)) and run.created and not run.metrics()
+                and run.latest_checkpoint() is None):
             shutil.rmtree(run.path, ignore_errors=True)
         else:
             run.end_status(e)
+            if not isinstance(e, (KeyboardInterrupt, SystemExit)):
+                from orchestrator.failures import write_error_log
+
+                log = write_error_log(run.path, e)
+                try:
+                    e.error_log = log  # for _guarded's report
+                except AttributeError:  # an exception type without a __dict__
+                    pass
         raise
     run.end_status()
 
@@ -105,10 +115,21 @@ RESTART_BACKOFF = typer.Option(10.0, "--restart-backoff", min=0, help="seconds b
                                "with each further one")
 
 
-def _supervised(run_dir: Path, argv: list[str], max_restarts: int, backoff_s: float) -> None:
+def _held(run: RunDir) -> RunDir:
+    """`run` taken for this process, or exit 2 when another live run has it (orchestrator/run_lock.py)."""
+    from orchestrator.run_lock import RunDirBusy
+
+    try:
+        run.lock_fd = run.hold()
+    except RunDirBusy as e:
+        _fail(str(e), 2)
+    return run
+
+
+def _supervised(run: RunDir, argv: list[str], max_restarts: int, backoff_s: float) -> None:
     from orchestrator.supervisor import Supervisor
 
-    raise typer.Exit(Supervisor(run_dir, max_restarts, backoff_s).run(argv))
+    raise typer.Exit(Supervisor(run.path, max_restarts, backoff_s, lock_fd=run.lock_fd).run(argv))
 
 
 @app.command()
@@ -121,13 +142,13 @@ def run(config: Path = typer.Argument(..., help="YAML config"),
     records the resolved config, overrides included."""
     cfg = _load(config, overrides)
     path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
-    if (path / "checkpoints").is_dir() and RunDir(path).latest_checkpoint() is not None:
+    run = _held(RunDir(path))
+    if run.latest_checkpoint() is not None:
         _fail(f"{path} already holds a run with checkpoints: `tide resume {path}` continues it, "
               f"or choose another --run-dir", 2)
     if max_restarts:
-        _supervised(path, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
+        _supervised(run, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
                     restart_backoff)
-    run = RunDir(path)
     _guarded(lambda: _execute(cfg, run, resume=False))
 
 
@@ -154,10 +175,11 @@ def resume(run_dir: Path = typer.Argument(..., help="a run directory written by 
         cfg = load_config(run_dir / "config.yaml", overrides)
     except ConfigError as e:
         _fail(str(e), 2)
+    run = _held(RunDir(run_dir))
     if max_restarts:
-        _supervised(run_dir, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
+        _supervised(run, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
                     max_restarts, restart_backoff)
-    _guarded(lambda: _execute(cfg, RunDir(run_dir), resume=True))
+    _guarded(lambda: _execute(cfg, run, resume=True))
 
 
 @app.command()
@@ -215,6 +237,8 @@ def config_reference() -> None:
 
 
 def _guarded(fn) -> None:
+    """Run `fn`, ending the process with its reason first and the exit code that says whether a restart could
+    help (orchestrator/failures.py): 2 for the user's input or code, 1 for a fault, 130 when interrupted."""
     # SIGTERM (a scheduler's preemption, `kill`) unwinds like Ctrl-C, so the run's engines, trainer ranks,
     # sandbox and /dev/shm copies are released by the same `finally` blocks instead of being orphaned.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -222,10 +246,10 @@ def _guarded(fn) -> None:
         fn()
     except KeyboardInterrupt:
         _fail("interrupted; `tide resume` continues from the newest checkpoint", 130)
-    except (ConfigError, TaskDataError) as e:  # found at start-up, before anything ran
-        _fail(str(e), 2)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
-        _fail(f"error: {type(e).__name__}: {e}", 1)
+    except Exception as e:
+        from orchestrator.failures import console_report, exit_code
+
+        _fail(console_report(e, getattr(e, "error_log", None)), exit_code(e))
 
 
 def main() -> None:

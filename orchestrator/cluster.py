@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -125,3 +126,39 @@ def kill_workers(pids: list[int], timeout_s: float = 10.0) -> list[int]:
     if not alive:
         remove_segments(segments)
     return alive
+
+
+SESSION_MARK = "tide_run"  # in a Ray session directory of a local cluster tide started: the run directory's path
+
+
+def keep_session_logs(cluster: Cluster, run_dir: Path, keep: int) -> Path | None:
+    """For a local cluster started here: link RUN_DIR/ray_session to its Ray session directory (Ray's logs: the
+    actors', vLLM's and Megatron's output), mark it as tide's, and remove the oldest session directories of
+    earlier tide runs whose cluster is gone, beyond the newest `keep`. The session directory; None for a joined
+    cluster, whose sessions belong to whoever started it."""
+    if cluster.node is None:
+        return None
+    session = Path(cluster.node.get_session_dir_path())
+    (session / SESSION_MARK).write_text(str(Path(run_dir).resolve()))
+    link = Path(run_dir) / "ray_session"
+    link.unlink(missing_ok=True)
+    link.symlink_to(session, target_is_directory=True)
+    prune_sessions(session.parent, keep, spare=session)
+    return session
+
+
+def prune_sessions(root: Path, keep: int, spare: Path | None = None) -> list[Path]:
+    """Remove tide's ended Ray sessions under `root` (marked, their starting process gone) but the newest `keep`
+    of them; the removed. Ray names a session `session_<date>_<time>_<pid of the process that started it>`."""
+    ended = []
+    for session in root.glob("session_*"):
+        if session.is_symlink() or session == spare or not (session / SESSION_MARK).is_file():
+            continue
+        pid = session.name.rsplit("_", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            ended.append(session)
+    ended.sort(key=lambda p: p.name)  # the date and time in the name: oldest first
+    removed = ended[:max(len(ended) - keep, 0)]
+    for session in removed:
+        shutil.rmtree(session, ignore_errors=True)
+    return removed

@@ -46,7 +46,11 @@ class RayConfig(Strict):
     num_cpus: int | None = Field(None, description="CPUs a local cluster offers; null: every core of the host.")
     namespace: str = Field("tide", description="Ray namespace of the run's actors.")
     log_to_driver: bool = Field(False, description="Print the actors' logs (vLLM, Megatron) in the terminal; "
-                                "false leaves them in Ray's session log directory.")
+                                "false leaves them in Ray's session log directory (RUN_DIR/ray_session/logs).")
+    keep_sessions: int = Field(10, ge=0, description="Ray session directories (Ray's logs, ~0.4 MB a run) of "
+                               "ended runs kept under Ray's temporary directory (/tmp/ray) when the run starts a "
+                               "local cluster; older ones are removed at the next start. A joined cluster's are "
+                               "left alone.")
 
 
 class ModelConfig(Strict):
@@ -131,6 +135,10 @@ class LoggingConfig(Strict):
                                       "Biases run (needs the wandb package); null: TensorBoard only.")
     samples: int = Field(4, ge=0, description="Completions per iteration written to RUN_DIR/samples.jsonl and "
                          "shown as TensorBoard text (prompt, completion, reward); 0: none.")
+    no_signal_after: int = Field(3, ge=0, description="Warn (console, status.json `warning`) once every prompt's "
+                                 "samples got one same reward this many iterations in a row: zero advantages, "
+                                 "nothing learned; the warning names the reward functions that returned one constant "
+                                 "value. 0: never.")
 
     @field_validator("wandb")
     @classmethod

@@ -13,6 +13,7 @@ from orchestrator.agent_rollout import Rollout, engine_turns, episode_rewards
 from orchestrator.batches import attach_reference_logprobs, samples_batch
 from orchestrator.checkpointing import save_checkpoint
 from orchestrator.evaluation import EVAL_STREAM, evaluate, held_out_problems
+from orchestrator.learning_signal import SignalWatch
 from orchestrator.logprob_check import (PROBE_BATCHES, agent_logprob_gap, behaviour_gap, check_logprob_gap,
                                         logprob_gap, probe_due, sampled_gap)
 from orchestrator.mismatch import use_trainer_old_logprobs
@@ -168,6 +169,7 @@ def run_iterations(s: Session) -> None:
         manifest = None
         held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
         gap_bound, bound_origin = r.logprob_gap_bound(cfg.model.dtype), r.logprob_gap_origin(cfg.model.dtype)
+        signal = SignalWatch(cfg.logging.no_signal_after)
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
             with run.phase(it, "rollout") as rec:
                 progress.update(bar, description=f"{cfg.name} · rollout")
@@ -185,6 +187,9 @@ def run_iterations(s: Session) -> None:
                     s.task, problems, samples, t.length_penalty, s.reward_functions,
                     trainer_state=TrainerState((it - 1) * steps, cfg.iterations * steps))
                 reward = scored.metrics
+            if signal.observe(it, problems, samples, scored.values):  # no reward spread for a while, or again one
+                run.set_status(warning=signal.warning)
+                console.log(f"[yellow]{signal.warning or f'iteration {it}: the rewards spread again'}")
             masked = mask_stale(samples, it - 1, r.max_staleness, drawn.version)  # none by schedule: a guard
             loglinear = s.mismatch_correction and r.proximal == "loglinear"  # pi_old interpolated in the train step
             batch, mismatch = samples_batch(samples, s.sampling, version=drawn.version if loglinear else None), {}

@@ -126,7 +126,18 @@ class RewardBatch:
 
 class RewardFunctionError(RuntimeError):
     """A reward function that cannot be loaded, raised, hung, or returned something other than one number or None
-    per completion; the message names it."""
+    per completion; the message names it, `user_traceback` holds the traceback of the function's own raise (in the
+    worker process) when there was one."""
+
+    user_traceback: str | None = None
+
+
+def _worker_traceback(error: BaseException) -> str | None:
+    """The traceback a worker process of a ProcessPoolExecutor sent with `error` (concurrent.futures attaches it
+    as the cause, a `_RemoteTraceback`); None for an error raised in this process."""
+    remote = error.__cause__
+    text = getattr(remote, "tb", None)
+    return text.strip().strip('"').strip() if isinstance(text, str) else None  # sent inside """ quotes
 
 
 def load_reward_function(fn: str) -> Callable:
@@ -358,6 +369,7 @@ class ScoredBatch:
     # columns logged with log_extra (and veRL dicts' other keys), one value per sample; a column a function
     # listed earlier logged too is named <label>/<column>
     extra_columns: dict[str, list] = field(default_factory=dict)
+    values: dict[str, list[float | None]] = field(default_factory=dict)  # each function's value of each sample
 
 
 class RewardFunctions:
@@ -430,7 +442,7 @@ class RewardFunctions:
                                  for name, vs in outcome.metrics.items() if vs})
             for column, column_values in outcome.extra.items():
                 extra_columns[column if column not in extra_columns else f"{label}/{column}"] = column_values
-        return ScoredBatch(rewards, per_function, extra_columns)
+        return ScoredBatch(rewards, per_function, extra_columns, values)
 
     def _check_columns(self, columns: Mapping[str, list]) -> None:
         """Each new set of column names: every function must take the call they make."""
@@ -447,10 +459,13 @@ class RewardFunctions:
             self._restart_pool()
             raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) did not return within "
                                       f"reward_timeout_s = {self.timeout_s:g}") from None
-        except RewardFunctionError:
+        except RewardFunctionError as e:
+            e.user_traceback = _worker_traceback(e)
             raise
         except Exception as e:
-            raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) raised {type(e).__name__}: {e}") from None
+            error = RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) raised {type(e).__name__}: {e}")
+            error.user_traceback = _worker_traceback(e)
+            raise error from None
         got.values = _validated(f.spec, got.values, n)
         got.metrics = {name: _metric_values(f.spec, name, vs) for name, vs in got.metrics.items()}
         for column, column_values in got.extra.items():

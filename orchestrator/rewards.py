@@ -24,6 +24,9 @@ from trainer.losses import length_reward
 class RewardPhase:
     metrics: dict[str, float]
     extra_columns: dict[str, list] = field(default_factory=dict)  # logged by reward functions, one value per sample
+    # what scored each sample, by the name a person knows it by: "reward 'label'" for each reward function, or the
+    # task's verifier (orchestrator/learning_signal.py names the constant ones)
+    values: dict[str, list] = field(default_factory=dict)
 
 
 def reward_columns(problem: Problem) -> dict[str, Any]:
@@ -64,10 +67,12 @@ def reward_phase(task: Task, problems: list[Problem], samples: Samples, length_p
         values: list[float | None] = list(task.score([problems[s.prompt_index] for s in samples],
                                                      [s.text for s in samples]))
         extra: dict[str, float | int] = {"accuracy": sum(values) / len(values)}
+        by_scorer = {f"the {task.name} task's verifier": list(values)}
     else:
         scored = functions.score_batch(reward_batch(problems, samples, trainer_state))
         values, extra_columns = scored.rewards, scored.extra_columns
         extra = {**scored.per_function, "excluded": sum(v is None for v in scored.rewards)}
+        by_scorer = {f"reward {label!r}": vs for label, vs in scored.values.items()}
     kept = [i for i, v in enumerate(values) if v is not None]
     rewards = torch.tensor([values[i] for i in kept], dtype=torch.float32)
     if length_penalty > 0 and kept:
@@ -79,4 +84,4 @@ def reward_phase(task: Task, problems: list[Problem], samples: Samples, length_p
     for i, r in zip(kept, rewards.tolist()):
         samples.items[i].reward = r
     metrics = {"reward_mean": float(rewards.mean()) if kept else float("nan"), **extra}
-    return RewardPhase(metrics, extra_columns)
+    return RewardPhase(metrics, extra_columns, by_scorer)

@@ -12,6 +12,10 @@ Layout:
     RUN_DIR/checkpoints/iter_NNNNNNN/   complete checkpoints only (written as *.tmp, then renamed)
     RUN_DIR/final.json         the last iteration and the trainer's parameter digests (LLM runs)
     RUN_DIR/tb/                TensorBoard event files: the metrics and `time/<phase>` per iteration
+    RUN_DIR/error.log          the traceback of each attempt that failed (orchestrator/failures.py)
+    RUN_DIR/run_id             the run's id: its weights in shared memory live under <shm_root>/<name>-<run_id>
+    RUN_DIR/lock               held by the live run (orchestrator/run_lock.py): one run per directory
+    RUN_DIR/ray_session        a link to the Ray session directory (its logs) of the run's last local cluster
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +114,24 @@ class RunDir:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, made by its first attempt and kept by every resume (what its weights in shared memory
+        are keyed by, so that two runs of one config never share them)."""
+        path = self.path / "run_id"
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(uuid.uuid4().hex[:12] + "\n")
+            tmp.replace(path)
+        return path.read_text().strip()
+
+    def hold(self) -> int:
+        """Take the directory for this process's run (RunDirBusy while another live run has it); the lock's
+        descriptor."""
+        from orchestrator.run_lock import hold_run_dir
+
+        return hold_run_dir(self.path)
 
     @property
     def config_file(self) -> Path:

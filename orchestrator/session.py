@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
-from orchestrator.checkpointing import restore_checkpoint
-from orchestrator.cluster import Cluster, connect
+from orchestrator.checkpointing import restore_checkpoint, save_checkpoint
+from orchestrator.cluster import Cluster, connect, keep_session_logs
 from orchestrator.batches import behaviour_distribution
 from orchestrator.config import ConfigError, TideConfig, dump_config
 from orchestrator.logprob_check import agent_probe_problems, probe_problems
@@ -57,6 +57,12 @@ def shm_full_error(e: OSError, iteration: int, shm_root: str, keep_last: int) ->
     return RuntimeError(f"publishing iteration {iteration} into publish.shm_root {shm_root}: no space left on the "
                         f"device ({free / 2**20:.1f} MB free); it must hold publish.keep_last + 1 = {keep_last + 1} "
                         f"iterations of the model ({cause})")
+
+
+def publish_key(cfg: TideConfig, run: RunDir) -> str:
+    """What the run's weights are published under (`<shm_root>/<key>/<iteration>`, the registry's run): the
+    config's name and the run's id, so that two runs of one config never share them."""
+    return f"{cfg.name}-{run.run_id}"
 
 
 @dataclass
@@ -122,6 +128,7 @@ class Session:
             with startup("startup/ray"):
                 cluster = connect(ray.address, ray.namespace, ray.num_cpus, ray.log_to_driver)
             stack.callback(cluster.shutdown)
+            keep_session_logs(cluster, run.path, ray.keep_sessions)
             # The stops that ask Ray (actors, placement groups): dropped when the local raylet has died (close,
             # or a start-up interrupted by a scheduler's SIGTERM to the whole job)
             ray_side = stack.enter_context(RaySideStops(cluster))
@@ -157,7 +164,7 @@ class Session:
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
                                        placement=placement.trainer_rank, cpus=placement.trainer_cpus)
             ray_side.callback(trainer.shutdown)
-            weights = open_weight_sync(cfg.name, cfg.publish, cfg.transfer, cfg.rollout.engines,
+            weights = open_weight_sync(publish_key(cfg, run), cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_node=trainer.node, namespace=cfg.ray.namespace,
                                        placement=placement.agents(cfg.rollout.engines, trainer.node_id))
             ray_side.callback(weights.close)
@@ -215,6 +222,10 @@ class Session:
                          f"{cfg.trainer.warmup_sft_stop_loss:g})" if len(losses) < cfg.trainer.warmup_sft_steps else "")
                 console.log(f"supervised warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
                             + early)
+                # kept: a run that fails later (a fault, or a reward function's bug fixed before `tide resume`)
+                # resumes from the warmed-up policy instead of warming up again
+                with run.phase(0, "checkpoint"):
+                    save_checkpoint(run, self.trainer, 0, cfg.keep_checkpoints)
         moved = restored is not None or cfg.trainer.warmup_sft_steps > 0
         if self.rollout is None:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration)) if moved else \
@@ -233,7 +244,7 @@ class Session:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""
         p = self.cfg.publish
         try:
-            manifest = self.trainer.publish(self.cfg.name, iteration, str(self.weights.staging_dir(iteration)),
+            manifest = self.trainer.publish(self.weights.run, iteration, str(self.weights.staging_dir(iteration)),
                                             p.shard_bytes, p.writer_threads)
         except OSError as e:
             full = shm_full_error(e, iteration, p.shm_root, p.keep_last)

@@ -12,6 +12,7 @@ The driver runs in a session of its own, so that a terminal's Ctrl-C reaches it 
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.run_lock import INHERITED_ENV
 from orchestrator.rundir import RunDir
 
 MAX_BACKOFF_S = 600.0
@@ -43,9 +45,11 @@ def retried(exit_code: int) -> bool:
 
 class Supervisor:
     def __init__(self, run_dir: Path, max_restarts: int, backoff_s: float,
-                 driver: tuple[str, ...] = (sys.executable, "-m", "orchestrator.cli")):
-        """`driver`: the command the attempts' arguments follow (`tide` itself)."""
+                 driver: tuple[str, ...] = (sys.executable, "-m", "orchestrator.cli"), lock_fd: int | None = None):
+        """`driver`: the command the attempts' arguments follow (`tide` itself); `lock_fd`: the run directory's
+        lock, held here and handed to each attempt (orchestrator/run_lock.py)."""
         self.run_dir, self.max_restarts, self.backoff_s = Path(run_dir), max_restarts, backoff_s
+        self.lock_fd = lock_fd
         self.driver = list(driver)
         self._child: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -63,7 +67,9 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         argv, here = first_argv, 0  # restarts by this supervisor; the run's count includes earlier ones
         while True:
-            self._child = subprocess.Popen([*self.driver, *argv], start_new_session=True)
+            held = {} if self.lock_fd is None else {
+                "pass_fds": (self.lock_fd,), "env": {**os.environ, INHERITED_ENV: str(self.lock_fd)}}
+            self._child = subprocess.Popen([*self.driver, *argv], start_new_session=True, **held)
             code = self._child.wait()
             self._child = None
             if self._stop.is_set():

@@ -551,9 +551,11 @@ class RolloutEngine:
         if os.environ.setdefault("VLLM_RPC_BASE_PATH", str(rpc)) == str(rpc):
             rpc.mkdir(exist_ok=True)
             self._rpc_dir = rpc
-        old_tmp = os.environ.get("TMPDIR")
-        # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole.
-        os.environ["TMPDIR"] = str(private)
+        old_tmp, old_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+        # Engine processes inherit TMPDIR: their torch file stores land in a directory we can remove whole. This
+        # process's own temporary directory is cached by `tempfile` (pinned above): the rendezvous file of an
+        # executor created here (vLLM's `vllm_dist_<uuid>`, which nothing removes) goes there unless it moves too.
+        os.environ["TMPDIR"] = tempfile.tempdir = str(private)
         ours = set(process_tree(os.getpid())) if self._inline else set()  # to tell the engine's workers apart
         if self._inline and self.cfg.tp == 1:
             # vLLM sets a CPU worker's OpenMP threads through the environment of the worker process it spawns;
@@ -571,6 +573,7 @@ class RolloutEngine:
             remove_segments(set(), private)
             raise EngineError(f"vLLM failed to start on {path}: {type(e).__name__}: {e}") from e
         finally:
+            tempfile.tempdir = old_tempdir
             if old_tmp is None:
                 os.environ.pop("TMPDIR", None)
             else:

@@ -57,3 +57,28 @@ def test_a_local_cluster_that_lost_its_raylet_is_ended_by_pid_its_workers_too(tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "left": [],
                                                                 "other_cluster_spared": True}
+
+
+def test_only_tides_ended_ray_sessions_beyond_the_newest_are_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.cluster import SESSION_MARK, prune_sessions
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"session_2026-12-0{d}_10-00-00_000000_{dead.pid}" for d in range(1, 5)]
+    for name in names:
+        (tmp_path / name / "logs").mkdir(parents=True)
+        (tmp_path / name / SESSION_MARK).write_text("/runs/x")
+    alive = tmp_path / f"session_2026-12-01_09-00-00_000000_{os.getpid()}"  # its cluster's starter still runs
+    foreign = tmp_path / f"session_2026-11-01_09-00-00_000000_{dead.pid}"  # not started by tide
+    for d in (alive, foreign):
+        d.mkdir()
+    (alive / SESSION_MARK).write_text("/runs/y")
+    (tmp_path / "session_latest").symlink_to(tmp_path / names[-1])
+    removed = prune_sessions(tmp_path, keep=2)
+    assert [p.name for p in removed] == names[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[2:], alive.name, foreign.name,
+                                                                 "session_latest"])

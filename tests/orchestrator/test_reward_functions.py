@@ -404,3 +404,22 @@ def test_length_reward_shapes_the_other_rewards_by_hand():
         RewardFunctions([RewardSpec(fn="length")])
     with pytest.raises(ValueError, match="reads no columns"):
         RewardSpec(fn="length", columns={"x": "y"})
+
+
+def test_a_raising_function_is_an_input_error_reported_with_its_own_traceback(user_module, tmp_path):
+    """Its traceback comes from the worker process it ran in: the console shows it after the reason, and
+    RUN_DIR/error.log holds it with tide's; exit 2, which --max-restarts never retries."""
+    from orchestrator.failures import console_report, exit_code, write_error_log
+
+    with pytest.raises(RewardFunctionError) as raised:
+        _score([RewardSpec(fn=f"{user_module}:boom")], ["p"] * 3, COMPLETIONS, COLUMNS)
+    error = raised.value
+    assert exit_code(error) == 2 and exit_code(RuntimeError("a rank died")) == 1
+    assert 'in boom' in error.user_traceback and 'raise KeyError("no such column")' in error.user_traceback
+    log = write_error_log(tmp_path, error)
+    report = console_report(error, log)
+    lines = report.splitlines()
+    assert lines[0] == "error: RewardFunctionError: reward 'boom' (my_rewards:boom) raised KeyError: 'no such column'"
+    assert 'raise KeyError("no such column")' in report and lines[-1] == f"(the whole traceback: {log})"
+    text = log.read_text()
+    assert text.index("in boom") < text.index("where tide met it") < text.index("in _outcome")
