@@ -24,6 +24,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from ckpt_transfer.config import (ConfigPath, PublishConfig, WeightTransferConfig, missing_path,
                                   resolve_config_path)
+from orchestrator.config_hints import section_value_hint
 from orchestrator.config_names import OTHER_NAMES, OtherName
 from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
@@ -376,7 +377,7 @@ def _suggestions(loc: tuple, value: Any) -> list[str]:
     here = _model_at(loc[:-1])
     meant: dict[str, str] = {}
     for o in _other_names(loc, value):
-        meant.setdefault(o.tide, f"{o.tide} ({o.source}'s {o.name})")
+        meant.setdefault(o.tide, o.hint())
     near = difflib.get_close_matches(key, list(here.model_fields) if here else [], cutoff=0.7)
     for k in KEYS_BY_NAME.get(key, []) + [_join(prefix, k) for k in near]:
         meant.setdefault(k, k)
@@ -390,6 +391,8 @@ def _message(e: Mapping[str, Any]) -> str:
         return f"{loc}: unknown field" + (f"; did you mean {', '.join(meant)}?" if meant else "")
     if e["type"] == "missing":
         return f"{loc}: required field is missing"
+    if e["type"] == "model_type" and (section := _model_at(e["loc"])) is not None:  # `trainer.kl: 0.05`
+        return section_value_hint(loc, section, e.get("input"))
     msg = e["msg"].removeprefix("Value error, ")
     if not loc or msg.startswith(f"{loc}."):  # a section's own check names its fields
         return msg
@@ -479,7 +482,9 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 def dump_config(cfg: TideConfig) -> str:
     """The resolved config (every default filled in) with only the sections its engine reads, so that it
-    loads back unchanged (`tide resume`)."""
+    loads back unchanged (`tide resume`); without `model.tiny` where a model.path is given (no tiny model is built)."""
     data = cfg.model_dump(mode="json")
+    if cfg.model.path is not None:
+        del data["model"]["tiny"]
     unused = LLM_SECTIONS if cfg.engine == "jax" else {"jax"}
     return yaml.safe_dump({k: v for k, v in data.items() if k not in unused}, sort_keys=False)

@@ -15,14 +15,19 @@ class OtherName:
     name: str  # TRL: a GRPOConfig field; veRL: a dotted key of its trainer config
     tide: str  # the tide key (`rewards[].weight`: a key of each `rewards:` item)
     note: str = ""  # how values translate, where they do not carry over as they are
+    in_hint: bool = False  # the tide key is not the same setting: the hint for the name carries the note
 
     @property
     def leaf(self) -> str:
         return self.name.rpartition(".")[2]
 
+    def hint(self) -> str:
+        """The tide key as an unknown key's `did you mean` names it."""
+        return f"{self.tide} ({self.source}'s {self.name}" + (f": {self.note})" if self.in_hint else ")")
 
-def _trl(name: str, tide: str, note: str = "") -> OtherName:
-    return OtherName("TRL", name, tide, note)
+
+def _trl(name: str, tide: str, note: str = "", in_hint: bool = False) -> OtherName:
+    return OtherName("TRL", name, tide, note, in_hint)
 
 
 def _verl(name: str, tide: str, note: str = "") -> OtherName:
@@ -57,8 +62,11 @@ OTHER_NAMES: tuple[OtherName, ...] = (
     _trl("per_device_train_batch_size", "trainer.micro_batch_size", "sequences per forward/backward pass on each "
          "rank; an optimizer step takes rollout.prompts_per_iteration x n_samples / trainer.updates_per_iteration "
          "samples whatever it is"),
-    _trl("gradient_accumulation_steps", "trainer.micro_batch_size", "no counterpart: tide accumulates over as many "
-         "micro-batches as an optimizer step's samples fill"),
+    _trl("gradient_accumulation_steps", "trainer.updates_per_iteration", "no key of its own: an optimizer step "
+         "takes rollout.prompts_per_iteration x n_samples / trainer.updates_per_iteration samples and accumulates "
+         "gradients over all of them, trainer.micro_batch_size per forward/backward pass on each rank; TRL's "
+         "per_device_train_batch_size x gradient_accumulation_steps x processes is that sample count",
+         in_hint=True),
     _trl("steps_per_generation", "trainer.updates_per_iteration", "optimizer steps per generation batch: TRL's "
          "steps_per_generation / gradient_accumulation_steps"),
     _trl("generation_batch_size", "rollout.prompts_per_iteration", "TRL counts completions: prompts_per_iteration "
