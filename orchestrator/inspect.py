@@ -1,84 +1,291 @@
-"""`tide inspect`: how the run ended (or that it is running), the per-phase table (count, median, total, share),
-the share of the steady state each side (engines, trainer) sat idle, and a PNG of phase time per iteration,
-reward, and the training signals beside it (loss, KL to the reference, entropy, completion length)."""
+"""`tide inspect`: how the run ended (or that it is running), the per-phase table (count, median, total, share of
+the wall time), the overlap of the phases that ran at once (rollout.max_staleness 1: the next batch sampled while
+this one trains), the share of the steady state each side (engines, trainer) sat idle, and a PNG
+(orchestrator/inspect_plot.py) of wall time per iteration, a timeline of a few iterations where phases overlap,
+reward, and the training signals beside it (loss, KL to the reference, entropy, completion length).
+
+Shares are shares of wall time, so that they add to 100% whether phases overlap or not: a profile's wall time is
+split by what ran, each instant counted once: one phase alone (that phase's share), two or more at once (the
+`overlapped` row: time saved against running them one after the other), none (`untimed`: the driver between
+phases, logging the metrics)."""
 from __future__ import annotations
 
+import bisect
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator.rundir import RunDir, read_jsonl
 
-PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "warmup", "compile", "rollout", "rollout_ahead",
-               "reward", "old_logprobs", "reference", "train", "publish", "drain", "ahead_check", "sync", "probe",
-               "eval", "checkpoint"]
-# Timed while other phases ran (rollout.max_staleness 1: the next batch sampled during train and publish): shown,
-# but outside the total the shares divide
+PHASE_ORDER = ["startup/ray", "startup/trainer", "startup/engines", "startup/engine_sync", "warmup", "compile",
+               "rollout", "rollout_ahead", "reward", "old_logprobs", "reference", "train", "publish", "drain",
+               "ahead_check", "sync", "probe", "eval", "checkpoint"]
+# Timed while other phases ran (rollout.max_staleness 1: the next batch sampled during train and publish)
 OVERLAPPED = {"rollout_ahead"}
-
-
-def phase_table(timings: list[dict]) -> list[dict]:
-    by_phase: dict[str, list[float]] = defaultdict(list)
-    for r in timings:
-        by_phase[r["phase"]].append(r["seconds"])
-    total = sum(sum(v) for p, v in by_phase.items() if p not in OVERLAPPED) or 1.0
-    order = sorted(by_phase, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER), p))
-    return [{"phase": p, "count": len(by_phase[p]), "median_s": statistics.median(by_phase[p]),
-             "total_s": sum(by_phase[p]), "share": sum(by_phase[p]) / total} for p in order]
-
-
+# A process's first phase (an LLM run's Ray start, a JAX run's compilation): a restarted run's records form a
+# session of their own, and the time between two sessions (the fault, the restart's back-off) is no wall time
+SESSION_OPENERS = {"startup/ray", "compile"}
 # Which side of an LLM run each phase keeps busy (the reward, the drain and the probe's scoring: the driver's)
 ROLE_PHASES = {"engines": {"rollout", "rollout_ahead", "sync", "probe", "eval"},
                "trainer": {"old_logprobs", "reference", "train", "publish", "ahead_check", "checkpoint"}}
 
 
+def is_startup(phase: str) -> bool:
+    """Recorded under the iteration a run starts from, but no part of it."""
+    return phase.startswith("startup/") or phase == "warmup"
+
+
+def phase_key(phase: str) -> tuple[int, str]:
+    return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER), phase
+
+
+@dataclass
+class WallTime:
+    """Wall time split by what ran at each instant. alone: a phase's seconds with no other phase running;
+    beside: a phase's seconds while another ran too; overlapped: the seconds two or more phases ran (each counted
+    once), by which phases (`together`); untimed: no phase ran. wall = sum(alone) + overlapped + untimed."""
+    wall: float = 0.0
+    alone: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    beside: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    together: dict[tuple[str, ...], float] = field(default_factory=lambda: defaultdict(float))
+    overlapped: float = 0.0
+    untimed: float = 0.0
+
+    def credit(self, running: tuple[str, ...], seconds: float) -> None:
+        if not running:
+            self.untimed += seconds
+        elif len(running) == 1:
+            self.alone[running[0]] += seconds
+        else:
+            self.overlapped += seconds
+            self.together[running] += seconds
+            for p in running:
+                self.beside[p] += seconds
+
+    def add(self, other: WallTime) -> None:
+        self.wall += other.wall
+        self.overlapped += other.overlapped
+        self.untimed += other.untimed
+        for mine, theirs in ((self.alone, other.alone), (self.beside, other.beside),
+                             (self.together, other.together)):
+            for k, v in theirs.items():
+                mine[k] += v
+
+
+def split_wall_time(records: list[dict], lo: float, hi: float) -> WallTime:
+    """The span lo..hi split by the phases of `records` running at each instant (clipped to the span)."""
+    lo, hi = round(lo, 6), round(hi, 6)
+    out = WallTime(wall=max(hi - lo, 0.0))
+    events = []
+    for r in records:  # to the microsecond, so that one phase's end meets the next one's start
+        a, b = round(max(r["start"], lo), 6), round(min(r["start"] + r["seconds"], hi), 6)
+        if b > a:
+            events += [(a, 1, r["phase"]), (b, -1, r["phase"])]
+    events.sort(key=lambda e: (e[0], e[1]))  # at one instant, what ends before what starts
+    active: Counter[str] = Counter()
+    now = lo
+    for when, step, phase in events:
+        if when > now:
+            out.credit(tuple(sorted(active, key=phase_key)), when - now)
+            now = when
+        active[phase] += step
+        if not active[phase]:
+            del active[phase]
+    if hi > now:
+        out.untimed += hi - now
+    return out
+
+
+def session_starts(timings: list[dict]) -> list[float]:
+    return sorted(r["start"] for r in timings if r["phase"] in SESSION_OPENERS)
+
+
+def sessions(timings: list[dict]) -> list[list[dict]]:
+    """The records of each process that ran the run (one, unless it was resumed or restarted), in time order."""
+    opens = session_starts(timings)
+    out: dict[int, list[dict]] = defaultdict(list)
+    for r in timings:
+        out[bisect.bisect_right(opens, r["start"])].append(r)
+    return [out[k] for k in sorted(out)]
+
+
+def wall_time(timings: list[dict]) -> WallTime:
+    """Each session's span from its first phase's start to its last phase's end, split by what ran."""
+    total = WallTime()
+    for recs in sessions(timings):
+        total.add(split_wall_time(recs, min(r["start"] for r in recs), max(r["start"] + r["seconds"] for r in recs)))
+    return total
+
+
+def phase_table(timings: list[dict]) -> list[dict]:
+    """A row per phase (count, median, total, the seconds it ran beside another phase, share: its time alone over
+    the wall time), then `overlapped` and `untimed` (their seconds in total_s): the shares add to 1."""
+    by_phase: dict[str, list[float]] = defaultdict(list)
+    for r in timings:
+        by_phase[r["phase"]].append(r["seconds"])
+    split = wall_time(timings)
+    wall = split.wall or 1.0
+    rows = [{"phase": p, "count": len(by_phase[p]), "median_s": statistics.median(by_phase[p]),
+             "total_s": sum(by_phase[p]), "overlapped_s": split.beside.get(p, 0.0),
+             "share": split.alone.get(p, 0.0) / wall} for p in sorted(by_phase, key=phase_key)]
+    rows.append({"phase": "overlapped", "total_s": split.overlapped, "share": split.overlapped / wall})
+    rows.append({"phase": "untimed", "total_s": split.untimed, "share": split.untimed / wall})
+    return rows
+
+
 def iteration_ends(timings: list[dict]) -> dict[int, float]:
-    """Each iteration's end: the latest end of its phases (a batch drawn ahead ends before its iteration does)."""
+    """Each iteration's end: the latest end of its phases (a batch drawn ahead ends before its iteration does;
+    the start-up, recorded under the iteration a resumed run starts from, is not part of it)."""
     ends: dict[int, float] = {}
     for t in timings:
-        if isinstance(t.get("iteration"), int) and t["iteration"] > 0:
+        if isinstance(t.get("iteration"), int) and t["iteration"] > 0 and not is_startup(t["phase"]):
             ends[t["iteration"]] = max(ends.get(t["iteration"], 0.0), t["start"] + t["seconds"])
     return ends
 
 
+def iteration_windows(timings: list[dict]) -> dict[int, tuple[float, float]]:
+    """Each iteration's wall-clock span: from the end of the one before (in the same session; else from its first
+    phase, a batch drawn ahead left out) to its end. The spans tile the steady state, so that the time a batch is
+    drawn ahead falls in the iteration it ran during."""
+    ends, opens = iteration_ends(timings), session_starts(timings)
+    first: dict[int, float] = {}
+    for r in timings:
+        it = r.get("iteration")
+        if it in ends and not is_startup(r["phase"]) and r["phase"] not in OVERLAPPED:
+            first[it] = min(first.get(it, r["start"]), r["start"])
+    out = {}
+    for it in sorted(ends):
+        prev = ends.get(it - 1)
+        same = prev is not None and bisect.bisect_right(opens, prev) == bisect.bisect_right(opens, ends[it])
+        out[it] = (prev if same and prev < ends[it] else first.get(it, ends[it]), ends[it])
+    return out
+
+
+def per_iteration(timings: list[dict]) -> dict[int, WallTime]:
+    windows = iteration_windows(timings)
+    steady = [r for r in timings if not is_startup(r["phase"])]
+    return {it: split_wall_time(steady, lo, hi) for it, (lo, hi) in windows.items()}
+
+
 def idle_shares(timings: list[dict]) -> dict[str, float] | None:
-    """From the end of iteration 1 to the end of the last (start-up, compilation and first-use warm-up left out):
-    the share of that time each role's phases left it idle, overlapping phases counted once. None: fewer than two
-    iterations."""
-    ends = iteration_ends(timings)
-    if len(ends) < 2:
+    """Over the iterations after the first (start-up, compilation and first-use warm-up left out, and a resumed
+    run's time between its processes): the share of that time each role's phases left it idle, overlapping
+    phases counted once. None: fewer than two iterations."""
+    windows = [w for it, w in sorted(iteration_windows(timings).items())[1:]]
+    span = sum(hi - lo for lo, hi in windows)
+    if not windows:
         return None
-    lo, hi = ends[min(ends)], max(ends.values())
     out = {}
     for role, phases in ROLE_PHASES.items():
-        spans = sorted((max(r["start"], lo), min(r["start"] + r["seconds"], hi)) for r in timings
-                       if r["phase"] in phases)
-        busy, reach = 0.0, lo
-        for a, b in spans:  # the union of the spans, clipped to the window
-            a = max(a, reach)
-            if b > a:
-                busy, reach = busy + b - a, b
-        out[role] = 1.0 - busy / (hi - lo) if hi > lo else 0.0
+        busy = 0.0
+        for lo, hi in windows:
+            spans = sorted((max(r["start"], lo), min(r["start"] + r["seconds"], hi)) for r in timings
+                           if r["phase"] in phases)
+            reach = lo
+            for a, b in spans:  # the union of the spans, clipped to the window
+                a = max(a, reach)
+                if b > a:
+                    busy, reach = busy + b - a, b
+        out[role] = 1.0 - busy / span if span > 0 else 0.0
     return out
+
+
+def engines_started_beside_trainer(run: RunDir) -> bool:
+    """Engines reloading in place start on the base model while the trainer starts (orchestrator/session.py):
+    their start-up row times only what was left of it once the trainer was ready."""
+    try:
+        cfg = yaml.safe_load(run.config_file.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    rollout, transfer = cfg.get("rollout") or {}, cfg.get("transfer") or {}
+    return cfg.get("engine", "llm") != "jax" and rollout.get("sync_mode") == "reload" and not transfer.get("enabled")
+
+
+def engine_start_note(timings: list[dict]) -> str | None:
+    """What the startup/engines row of a run whose engines start beside the trainer means, and the longest their
+    start can have taken: from their launch (just before startup/trainer) to the end of that wait."""
+    last = {r["phase"]: r for r in timings if is_startup(r["phase"])}  # the latest session's
+    trainer, engines = last.get("startup/trainer"), last.get("startup/engines")
+    if trainer is None or engines is None:
+        return None
+    ready = engines["start"] + engines["seconds"] - trainer["start"]
+    return (f"startup/engines ({engines['seconds']:.3f} s) is the wait for the engines once the trainer was ready: "
+            f"launched just before startup/trainer, they start beside it (and the warm start) and were serving "
+            f"{ready:.1f} s after their launch at the latest")
+
+
+def table_caption(split: WallTime) -> str:
+    return ("share: of the wall time (each session from its first phase's start to its last phase's end, "
+            f"{split.wall:.1f} s): a phase's time alone; time two or more phases ran at once counts once, in "
+            "`overlapped`; `untimed`: no phase ran (the driver between phases). The shares add to 100%. "
+            "overlapped s: the part of a phase's total it ran beside another phase")
+
+
+def overlap_lines(split: WallTime, limit: int = 6) -> list[str]:
+    """Which phases ran at once, longest first."""
+    if not split.overlapped:
+        return []
+    top = sorted(split.together.items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{' + '.join(k)} {v:.2f} s" for k, v in top[:limit])
+    rest = top[limit:]
+    more = f", {len(rest)} more combinations ({sum(v for _, v in rest):.2f} s)" if rest else ""
+    return [f"overlapped {split.overlapped:.2f} s ({split.overlapped / (split.wall or 1):.0%} of the wall time): "
+            f"{shown}{more}"]
+
+
+def steady_state_line(per: dict[int, WallTime]) -> str | None:
+    """Iteration 2 on (the first carries the engines' first-use warm-up): the median iteration's wall time
+    against its phases' seconds added up, the difference being the time phases overlapped."""
+    steady = [w for it, w in sorted(per.items())[1:]]
+    if not steady:
+        return None
+    wall = statistics.median(w.wall for w in steady)
+    summed = statistics.median(sum(w.alone.values()) + sum(w.beside.values()) for w in steady)
+    saved = statistics.median(sum(w.beside.values()) - w.overlapped for w in steady)
+    line = f"per iteration (median of iterations 2 on): wall {wall:.3f} s; its phases add to {summed:.3f} s"
+    return line + (f", {saved:.3f} s of them overlapped" if saved > 0 else "")
+
+
+def phase_rich_table(run: RunDir, rows: list[dict], split: WallTime) -> Table:
+    table = Table(title=f"{run.name}: time per phase", caption=table_caption(split), caption_justify="left")
+    for col in ("phase", "count", "median s", "total s", "overlapped s", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in rows:
+        if "count" not in r:
+            continue
+        table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}",
+                      f"{r['overlapped_s']:.2f}" if r["overlapped_s"] >= 0.005 else "", f"{r['share']:.1%}")
+    table.add_section()
+    for r in rows:
+        if "count" not in r:
+            table.add_row(r["phase"], "", "", f"{r['total_s']:.2f}", "", f"{r['share']:.1%}")
+    table.add_row("wall time", "", "", f"{split.wall:.2f}", "", f"{sum(r['share'] for r in rows):.1%}")
+    return table
 
 
 def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) -> Path | None:
     console = console or Console()
     timings, metrics = run.timings(), run.metrics()
-    rows = phase_table(timings)
-    table = Table(title=f"{run.name}: time per phase")
-    for col in ("phase", "count", "median s", "total s", "share"):
-        table.add_column(col, justify="left" if col == "phase" else "right")
-    for r in rows:
-        table.add_row(r["phase"], str(r["count"]), f"{r['median_s']:.3f}", f"{r['total_s']:.2f}", f"{r['share']:.1%}")
-    console.print(table)
+    split = wall_time(timings) if timings else WallTime()
+    console.print(phase_rich_table(run, phase_table(timings) if timings else [], split))
+    notes = overlap_lines(split)
+    per = per_iteration(timings)
+    if line := steady_state_line(per):
+        notes.append(line)
+    if engines_started_beside_trainer(run) and (note := engine_start_note(timings)):
+        notes.append(note)
     idle = idle_shares(timings)
     if idle and metrics and "loss" in metrics[0]:  # an LLM run (JAX runs have no such roles)
-        console.print("idle from the end of iteration 1 on: " + ", ".join(f"{role} {share:.0%}"
-                                                                        for role, share in idle.items()))
+        between = " (the time between the run's processes left out)" if len(sessions(timings)) > 1 else ""
+        notes.append(f"idle from the end of iteration 1 on{between}: " + ", ".join(f"{role} {share:.0%}"
+                                                                                 for role, share in idle.items()))
+    for note in notes:
+        console.print(note)
     status = run.status()
     if status:
         where = f"iteration {status.get('iteration')}, phase {status.get('phase')}"
@@ -95,100 +302,9 @@ def inspect_run(run: RunDir, plot: bool = True, console: Console | None = None) 
         console.print(f"{len(metrics)} iterations; {key}: first {metrics[0].get(key)}, last {last.get(key)}")
     if not plot:
         return None
+    from orchestrator.inspect_plot import plot_run
+
     out = run.path / "timings.png"
     plot_run(timings, metrics, out, title=run.name)
     console.print(f"wrote {out}")
     return out
-
-
-def plot_run(timings: list[dict], metrics: list[dict], out: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    its = sorted({r["iteration"] for r in timings if r["iteration"] > 0})
-    phases = [p for p in PHASE_ORDER if any(r["phase"] == p and r["iteration"] > 0 for r in timings)]
-    phases += sorted({r["phase"] for r in timings if r["iteration"] > 0} - set(phases))
-    per = defaultdict(float)
-    for r in timings:
-        per[(r["iteration"], r["phase"])] += r["seconds"]
-    llm = bool(metrics) and "loss" in metrics[0]
-    fig = plt.figure(figsize=(11, 10 if llm else 7))
-    grid = fig.add_gridspec(3 if llm else 2, 3)
-    ax1 = fig.add_subplot(grid[0, :])
-    ax2 = fig.add_subplot(grid[1, :], sharex=ax1)
-    bottom = [0.0] * len(its)
-    for p in phases:
-        vals = [per[(i, p)] for i in its]
-        ax1.bar(its, vals, bottom=bottom, label=p)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    _clip_outliers(ax1, its, bottom)
-    ax1.set_ylabel("seconds")
-    ax1.set_title(f"{title}: time per phase per iteration (start-up and warm start: see the table)")
-    ax1.legend(loc="upper right", fontsize=8, ncol=3)
-    key = next((k for k in ("reward_mean", "episode_return_mean") if metrics and k in metrics[0]), None)
-    if key:
-        ax2.plot([m["iteration"] for m in metrics], [m[key] for m in metrics], marker="o", label=key)
-        ax2.set_ylabel(key)
-        if "accuracy" in metrics[0]:
-            ax2.plot([m["iteration"] for m in metrics], [m["accuracy"] for m in metrics], marker=".", alpha=0.6,
-                     label="accuracy")
-        evals = [m for m in metrics if "eval/pass@1" in m]
-        if evals:
-            ax2.plot([m["iteration"] for m in evals], [m["eval/pass@1"] for m in evals], marker="s",
-                     label="eval pass@1 (greedy)")
-        if "accuracy" in metrics[0] or evals:
-            ax2.legend(loc="lower right", fontsize=8)
-    ax2.grid(alpha=0.3)
-    if llm:
-        _training_panels([fig.add_subplot(grid[2, k], sharex=ax1) for k in range(3)], metrics)
-    else:
-        ax2.set_xlabel("iteration")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def _training_panels(axes, metrics: list[dict]) -> None:
-    """Loss (and the KL to the reference), entropy of the sampling distribution, completion length (mean, with
-    the min-max range, and the share cut at max_new_tokens)."""
-    its = [m["iteration"] for m in metrics]
-
-    def series(key: str) -> list[float]:
-        return [m.get(key, float("nan")) for m in metrics]
-
-    loss_ax, entropy_ax, length_ax = axes
-    loss_ax.plot(its, series("loss"), label="loss")
-    if "kl_ref" in metrics[0]:
-        loss_ax.plot(its, series("kl_ref"), label="kl_ref")
-    loss_ax.legend(fontsize=8)
-    loss_ax.set_title("loss", fontsize=9)
-    entropy_ax.plot(its, series("entropy"), color="tab:green")
-    entropy_ax.set_title("entropy (nats per token)", fontsize=9)
-    length_ax.plot(its, series("completion_len"), color="tab:purple", label="mean")
-    length_ax.fill_between(its, series("completion_len_min"), series("completion_len_max"), color="tab:purple",
-                           alpha=0.2, label="min-max")
-    length_ax.set_title("completion tokens", fontsize=9)
-    cut = length_ax.twinx()
-    cut.plot(its, series("clipped_ratio"), color="tab:red", alpha=0.6, linestyle="--")
-    cut.set_ylim(0, 1.05)
-    cut.set_ylabel("share cut at max_new_tokens", fontsize=8, color="tab:red")
-    for ax in axes:
-        ax.set_xlabel("iteration")
-        ax.grid(alpha=0.3)
-
-
-def _clip_outliers(ax, iterations: list[int], totals: list[float], factor: float = 3.0) -> None:
-    """Iterations far above the median (the first one carries the engines' first-use warm-up) would flatten
-    every other bar: the axis stops at `factor` x the median and those bars are labelled with their total."""
-    if not totals:
-        return
-    cap = factor * statistics.median(totals)
-    if max(totals) <= cap or cap <= 0:
-        return
-    ax.set_ylim(0, cap * 1.08)
-    for it, total in zip(iterations, totals):
-        if total > cap:
-            ax.annotate(f"\u2191 {total:.1f} s", (it, cap), textcoords="offset points", xytext=(0, 2), ha="center",
-                        fontsize=7)

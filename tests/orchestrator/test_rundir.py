@@ -1,6 +1,5 @@
 import json
 
-from orchestrator.inspect import inspect_run, phase_table
 from orchestrator.rundir import RunDir
 
 
@@ -41,19 +40,6 @@ def test_checkpoint_is_complete_only_after_rename(tmp_path):
     assert run.read_run_state(run.latest_checkpoint()) == {"iteration": 8}
     run.prune_checkpoints(1)
     assert [p.name for p in run.checkpoints.iterdir()] == ["iter_0000008"]
-
-
-def test_inspect_table_and_png(tmp_path):
-    run = RunDir(tmp_path / "r")
-    for it in (1, 2):
-        for phase, secs in (("rollout", 2.0), ("train", 1.0), ("sync", 1.0)):
-            with open(run.timings_file, "a") as f:
-                f.write(json.dumps({"iteration": it, "phase": phase, "start": 0, "seconds": secs}) + "\n")
-        run.log_metrics({"iteration": it, "reward_mean": 0.1 * it, "accuracy": 0.1 * it})
-    rows = {r["phase"]: r for r in phase_table(run.timings())}
-    assert rows["rollout"]["count"] == 2 and rows["rollout"]["share"] == 0.5
-    out = inspect_run(run)
-    assert out.exists() and out.stat().st_size > 10_000
 
 
 def test_logprob_gap_guard_names_the_limit():
@@ -108,18 +94,6 @@ def test_resumed_run_does_not_draw_redone_iterations_twice(tmp_path):
         resumed.log_metrics({"iteration": it, "reward_mean": 10.0 * it})
     resumed.close()
     assert _scalars(tmp_path / "r" / "tb")["reward_mean"] == [(1, 1.0), (2, 20.0), (3, 30.0)]
-
-
-def test_start_up_rows_lead_the_phase_table():
-    import pytest
-
-    timings = [{"iteration": 1, "phase": "rollout", "seconds": 1.0},
-               {"iteration": 0, "phase": "warmup", "seconds": 2.0},
-               {"iteration": 0, "phase": "startup/engines", "seconds": 3.0},
-               {"iteration": 0, "phase": "startup/ray", "seconds": 4.0}]
-    rows = phase_table(timings)
-    assert [r["phase"] for r in rows] == ["startup/ray", "startup/engines", "warmup", "rollout"]
-    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
 
 
 def test_samples_reach_jsonl_and_tensorboard_text_and_a_resume_redoes_them(tmp_path):
