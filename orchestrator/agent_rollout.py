@@ -42,7 +42,7 @@ class Rollout:
 class Agent:
     def __init__(self, cfg: AgentConfig, tokenizer, chat_template: str | None, system_prompt: str | None,
                  max_new_tokens: int, sandbox_url: str | None, task_name: str, context: int | None = None,
-                 deterministic: bool = True) -> None:
+                 deterministic: bool = True, template_kwargs: dict[str, Any] | None = None) -> None:
         if not chat_template:
             raise ConfigError("agent: multi-turn trajectories are rendered with a chat template; the model's "
                               "tokenizer has none and model.chat_template names none (set it to a .jinja file)")
@@ -54,6 +54,7 @@ class Agent:
         self.cfg, self.system_prompt = cfg, system_prompt
         self.overlap = (not deterministic) if cfg.overlap is None else cfg.overlap
         tokenizer.chat_template = chat_template  # the one template every rendering uses (model.chat_template)
+        self.template_kwargs = dict(template_kwargs or {})  # and its variables (model.chat_template_kwargs)
         self.tokenizer = tokenizer
         self.limits = AgentLimits(max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
                                   max_tokens_per_turn=cfg.max_tokens_per_turn or max_new_tokens,
@@ -104,7 +105,7 @@ class Agent:
             messages = with_system_prompt([self._as_written(m) for m in messages], self.system_prompt)
             prompt = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
             t = demonstration(self.tokenizer, messages, prompt, end_of_turn or [self.tokenizer.eos_token_id],
-                              self.schemas)
+                              self.schemas, self.template_kwargs)
             out.append(TrainSequence(t.prompt_ids, t.ids, loss_mask=[float(m) for m in t.mask]))
         return out
 
@@ -118,7 +119,8 @@ class Agent:
 
     def runner(self, generate: Callable[[list[Problem], int, int], Samples], version: int) -> AgentRunner:
         """A runner of this agent's trajectories on `generate`, their sampled tokens marked `version`."""
-        return AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version, self.overlap)
+        return AgentRunner(generate, self.tokenizer, self.limits, self.schemas, version, self.overlap,
+                           self.template_kwargs)
 
     @staticmethod
     def continue_episode(episode: Episode, counts: Counter) -> None:

@@ -28,6 +28,7 @@ from orchestrator.config_hints import section_value_hint
 from orchestrator.config_names import OTHER_NAMES, OtherName
 from orchestrator.model_source import looks_local
 from orchestrator.reward_functions import RewardSpec
+from orchestrator.template_kwargs import ChatTemplateKwargs
 from orchestrator.wandb_log import WandbConfig
 from rollout.agent.config import AgentConfig
 from rollout.config import RolloutConfig, TaskConfig
@@ -68,6 +69,10 @@ class ModelConfig(Strict):
         "messages' contents one per line, for a base model) or the path of a .jinja file.")
     system_prompt: str | None = Field(None, description="A system message put before every chat prompt; null: "
                                       "none.")
+    chat_template_kwargs: ChatTemplateKwargs = Field(
+        {}, description="Variables for the chat template wherever tide renders messages (rollout, agents, "
+        "evaluation, warm start, log-prob probe), as apply_chat_template's keyword arguments: {enable_thinking: "
+        "false} for Qwen3. The arguments tide sets itself (tools, add_generation_prompt, tokenize, ...) are refused.")
 
     @field_validator("chat_template")
     @classmethod

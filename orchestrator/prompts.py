@@ -9,7 +9,8 @@ training, warm start, probe and eval prompts are tokenised the same way and neve
   tokenizer adds one).
 
 `model.chat_template`: `auto` (the tokenizer's own template), `none` (no template: the messages' contents one
-per line, for base models) or the path of a .jinja file that replaces the tokenizer's.
+per line, for base models) or the path of a .jinja file that replaces the tokenizer's. `model.chat_template_kwargs`
+are the template's variables in every rendering here, as in the agent's (rollout/agent/rendering.py).
 
 `rollout.max_prompt_tokens`: a longer prompt is skipped (`overlong_prompts: skip`, dropped from its batch) or
 truncated to its last `max_prompt_tokens` tokens (`truncate`: the end of a chat prompt holds the question and
@@ -23,7 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from orchestrator.config import ConfigError
 from rollout.tasks import Problem, Task
@@ -51,11 +52,17 @@ def with_system_prompt(messages, system_prompt: str | None) -> list[dict]:
 
 class PromptRenderer:
     def __init__(self, tokenizer, chat_template: str = "auto", system_prompt: str | None = None,
-                 max_prompt_tokens: int | None = None, overlong: Overlong = "skip") -> None:
+                 max_prompt_tokens: int | None = None, overlong: Overlong = "skip",
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer, self.mode, self.system_prompt = tokenizer, chat_template, system_prompt
         self.max_prompt_tokens, self.overlong = max_prompt_tokens, overlong
         self.template = (Path(chat_template).expanduser().read_text() if chat_template not in ("auto", "none")
                          else getattr(tokenizer, "chat_template", None))
+        self.template_kwargs = dict(template_kwargs or {})
+        if self.template_kwargs and chat_template == "none":
+            raise ConfigError(f"model.chat_template_kwargs ({', '.join(self.template_kwargs)}) are variables of a "
+                              f"chat template, and model.chat_template 'none' renders with none: remove them, or "
+                              f"set model.chat_template to 'auto' or a .jinja file")
 
     def _uses_template(self, problem: Problem) -> bool:
         return bool(problem.messages) and self.mode != "none"
@@ -70,7 +77,7 @@ class PromptRenderer:
             raise ConfigError("model.chat_template is 'auto' but the model's tokenizer has no chat template: set "
                               "model.chat_template to a .jinja file, or to 'none' for a base model")
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=True)
+                                                  add_generation_prompt=True, **self.template_kwargs)
 
     def render(self, problem: Problem) -> tuple[Problem | None, bool]:
         """(the problem with its rendered text and token ids, whether they were truncated); None when skipped."""
@@ -107,7 +114,7 @@ class PromptRenderer:
         try:
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}],
-                chat_template=self.template, tokenize=False)
+                chat_template=self.template, tokenize=False, **self.template_kwargs)
         except Exception:  # a template that refuses this conversation: no end-of-turn token known
             return ()
         _, found, after = text.partition(_MARK)

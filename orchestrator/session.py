@@ -103,7 +103,8 @@ class Session:
             _check_model_supported(model_dir, cfg)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             renderer = PromptRenderer(tokenizer, cfg.model.chat_template, cfg.model.system_prompt,
-                                      cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts)
+                                      cfg.rollout.max_prompt_tokens, cfg.rollout.overlong_prompts,
+                                      cfg.model.chat_template_kwargs)
             task = RenderedTask(task, renderer)
             task.problems(cfg.seed, 1, 1)  # a prompt the template cannot render stops the run here
             agent = None
@@ -112,7 +113,8 @@ class Session:
 
                 agent = Agent(cfg.agent, AutoTokenizer.from_pretrained(model_dir), renderer.template,
                               cfg.model.system_prompt, cfg.rollout.max_new_tokens, sandbox_url, cfg.task.name,
-                              context=_model_context(model_dir, cfg), deterministic=cfg.deterministic)
+                              context=_model_context(model_dir, cfg), deterministic=cfg.deterministic,
+                              template_kwargs=cfg.model.chat_template_kwargs)
                 stack.callback(agent.close)
             reward_functions = None
             if cfg.rewards:

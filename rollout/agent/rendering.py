@@ -21,6 +21,7 @@ import json
 import re
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: a marker is _OPEN <index> _CLOSE
@@ -69,9 +70,11 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return _encoders(tokenizer).text(text)
 
 
-def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
+def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool,
+           template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """The conversation's token ids as the chat template renders them, every control token the template's own
-    (the module's docstring)."""
+    (the module's docstring); `template_kwargs`: the template's variables (model.chat_template_kwargs)."""
+    kwargs = dict(template_kwargs or {})
     enc = _encoders(tokenizer)
     forged: list[str] = []
 
@@ -85,10 +88,10 @@ def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, 
               else {**m, "content": mark(m["content"])} for m in messages]
     if not forged:
         out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
-                                            add_generation_prompt=generation_prompt, return_dict=False)
+                                            add_generation_prompt=generation_prompt, return_dict=False, **kwargs)
         return list(out["input_ids"] if isinstance(out, dict) else out)
     text = tokenizer.apply_chat_template(marked, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+                                         add_generation_prompt=generation_prompt, **kwargs)
     if _MARKER.sub("", text).count(_OPEN) or len(_MARKER.findall(text)) != len(forged):
         raise ValueError("the chat template changed the markers tide put in place of control-token text in a "
                          "message's content; this template cannot render tool output safely")

@@ -96,9 +96,10 @@ class AgentRunner:
     trajectories share an engine call is fixed by the episodes alone (deterministic runs)."""
 
     def __init__(self, generate: Generate, tokenizer, limits: AgentLimits, tools: list[dict] | None = None,
-                 version: int = 0, overlap: bool = False) -> None:
+                 version: int = 0, overlap: bool = False, template_kwargs: dict[str, Any] | None = None) -> None:
         self.generate, self.tokenizer, self.limits = generate, tokenizer, limits
         self.tools, self.version, self.overlap = tools, version, overlap
+        self.template_kwargs = template_kwargs  # the chat template's variables (model.chat_template_kwargs)
         # generate_s: seconds the engines were busy; tool_s: seconds at least one tool call or environment step
         # was running (in lockstep the two add up to the rollout; overlapped, they run at the same time)
         self.timings = Counter()
@@ -109,8 +110,8 @@ class AgentRunner:
         out = []
         for i, ep in enumerate(episodes):
             messages = ep.start()
-            out.append(OpenTrajectory(i, ep, messages, Trajectory(render(self.tokenizer, messages, self.tools, True)),
-                                      len(messages), seed=seed, rank=i))
+            prompt = render(self.tokenizer, messages, self.tools, True, self.template_kwargs)
+            out.append(OpenTrajectory(i, ep, messages, Trajectory(prompt), len(messages), seed=seed, rank=i))
         return out
 
     def run_open(self, live: Sequence[OpenTrajectory],
@@ -228,7 +229,7 @@ class AgentRunner:
         """Append the reply's tokens; the reason the trajectory ends instead, or ""."""
         new = [self._clip(m) for m in new]
         try:
-            ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.last_turn, self.tools)
+            ids = inserted_tokens(self.tokenizer, x.messages, new, x.traj.last_turn, self.tools, self.template_kwargs)
         except NotAppendOnly as e:
             log.warning("trajectory %d ends: %s", x.index, e)
             return "template"

@@ -14,6 +14,7 @@ Per token: the loss mask (1 for sampled tokens, 0 for the prompt and inserted to
 (sampled tokens; 0.0 elsewhere) and the policy version that produced it (-1 for tokens no policy produced)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,15 +77,16 @@ class Trajectory:
 
 
 def inserted_tokens(tokenizer, messages: list[dict[str, Any]], new_messages: list[dict[str, Any]],
-                    sampled: list[int], tools: list[dict] | None = None) -> list[int]:
+                    sampled: list[int], tools: list[dict] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """The tokens to append after the model's `sampled` turn (the last of `messages`, an assistant message with
     its text) so that the trajectory continues as the template renders `messages + new_messages` with a
-    generation prompt; see the module's docstring."""
+    generation prompt; see the module's docstring. `template_kwargs`: the template's variables."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("the last message must be the model's (assistant) turn the tokens were sampled for")
-    before = render(tokenizer, messages[:-1], tools, True)  # what the model continued from
-    turn = render(tokenizer, messages, tools, False)
-    full = render(tokenizer, messages + new_messages, tools, True)
+    before = render(tokenizer, messages[:-1], tools, True, template_kwargs)  # what the model continued from
+    turn = render(tokenizer, messages, tools, False, template_kwargs)
+    full = render(tokenizer, messages + new_messages, tools, True, template_kwargs)
     for shorter, longer, what in ((before, turn, "the model's turn"), (turn, full, "the new messages")):
         if longer[:len(shorter)] != shorter:
             at = next(i for i, (a, b) in enumerate(zip(shorter, longer)) if a != b) if any(
@@ -112,18 +114,18 @@ def _trailer(rendered_turn: list[int], sampled: list[int]) -> list[int]:
 
 
 def demonstration(tokenizer, messages: list[dict[str, Any]], prompt_messages: int, end_of_turn: list[int],
-                  tools: list[dict] | None = None) -> Trajectory:
+                  tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> Trajectory:
     """A written conversation laid out token for token as a rollout would lay it out (for supervised warm starts):
     the first `prompt_messages` messages as the prompt, each assistant turn as the model would sample it -- its
     rendering through the end-of-turn token (`end_of_turn`: the template's, or EOS), mask 1 -- and everything else
     inserted exactly as `inserted_tokens` inserts it during rollouts, mask 0."""
-    traj = Trajectory(render(tokenizer, messages[:prompt_messages], tools, True))
+    traj = Trajectory(render(tokenizer, messages[:prompt_messages], tools, True, template_kwargs))
     k = prompt_messages
     while k < len(messages):
         if messages[k].get("role") != "assistant":
             raise ValueError(f"demonstration message {k} is a {messages[k].get('role')!r} message where the model's "
                              f"turn is due")
-        rendered = render(tokenizer, messages[:k + 1], tools, False)
+        rendered = render(tokenizer, messages[:k + 1], tools, False, template_kwargs)
         if rendered[:len(traj.all_ids)] != traj.all_ids:
             raise NotAppendOnly("the chat template rewrites earlier turns of the demonstration")
         turn = rendered[len(traj.all_ids):]
@@ -134,6 +136,7 @@ def demonstration(tokenizer, messages: list[dict[str, Any]], prompt_messages: in
         while j < len(messages) and messages[j].get("role") != "assistant":
             j += 1
         if j < len(messages):
-            traj.add_inserted(inserted_tokens(tokenizer, messages[:k + 1], messages[k + 1:j], sampled, tools))
+            traj.add_inserted(inserted_tokens(tokenizer, messages[:k + 1], messages[k + 1:j], sampled, tools,
+                                              template_kwargs))
         k = j
     return traj
