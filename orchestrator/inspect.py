@@ -221,8 +221,9 @@ def engine_start_note(timings: list[dict]) -> str | None:
 
 def table_caption(split: WallTime) -> str:
     return ("share: of the wall time (from the first phase's start to the last phase's end, each process of a "
-            f"resumed run apart: {split.wall:.1f} s): a phase's time alone; time two or more phases ran at once counts once, in "
-            "`overlapped`; `untimed`: no phase ran (the driver between phases). The shares add to 100%. "
+            f"resumed run apart: {split.wall:.1f} s): a phase's time alone; time two or more phases ran at once "
+            "counts once, in `overlapped`; `untimed`: no phase ran (the driver between phases). The shares add to "
+            "100%. "
             "overlapped s: the part of a phase's total it ran beside another phase")
 
 
