@@ -36,6 +36,8 @@ def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp
     run_dir = work / "soak"
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished" and status["restarts"] == 1
+    # the failed attempt's traceback is in the run directory (its terminal showed the one-line reason)
+    assert "ActorDiedError" in (run_dir / "error.log").read_text()
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # RL moved the weights on both sides of the restart: equal digests are no accident of a run that never steps
     first_restart = doc["restarts"][0]["from_iteration"]
