@@ -161,8 +161,9 @@ def _intro() -> str:
         f"top-level keys, `jax` and `logging`, and refuses {llm}.",
         "**Paths**: relative paths in a config file resolve against the file's directory, not the working "
         "directory: `model.path` (a directory; a hub id such as `Qwen/Qwen2.5-0.5B-Instruct` stays a hub id), "
-        "`model.chat_template` (a .jinja file), a reward function's file (`rewards[].fn: path/to/file.py:name`) "
-        "and the keys of type `path` "
+        "`model.chat_template` (a .jinja file), the file of a reward function or a tool (`rewards[].fn`, "
+        "`agent.tools`: `path/to/file.py:name`; a `package.module:name` of theirs is imported from the installed "
+        "packages, the file's directory or the working directory) and the keys of type `path` "
         f"({', '.join(f'`{k}`' for k in _path_keys())}). The resolved config holds them absolute. The command "
         "line's `--run-dir`, the default run directory `runs/<name>` and `jax.compilation_cache_dir` are relative "
         "to the working directory.",

@@ -13,9 +13,10 @@ users' functions, called the way TRL or veRL calls them (docs/rewards.md is the 
 - `columns: {keyword: column.path}` passes more (or renamed) columns to one function, dots reaching into nested
   ones, so TRL's functions run unchanged on veRL's layout: `{solution: reward_model.ground_truth}`.
 
-A function is `package.module:function` (imported from the environment or the directory tide runs in) or
-`path/to/file.py:function` (relative to the config file's directory). Whether it can take its call is checked at
-start-up, against the columns of one problem when they are known then, and again on every new set of columns.
+A function is `package.module:function` (imported from the environment, the config file's directory or the
+directory tide runs in) or `path/to/file.py:function` (relative to the config file's directory), found as tools are
+(rollout/user_functions.py). Whether it can take its call is checked at start-up, against the columns of one
+problem when they are known then, and again on every new set of columns.
 
 A sample's reward is the weighted sum of the values that are not None; a sample every function skips gets no
 reward and is left out of training (`None`). Functions run batched in a worker process (they cannot touch the
@@ -28,26 +29,20 @@ Built-ins (`exact`, `numeric`, `math`, `code`, `length`) are tide's own, called 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import multiprocessing
-import os
-import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ckpt_transfer.config import resolve_config_path
 from orchestrator.reward_builtins import BUILTIN_FNS, BUILTINS, LENGTH, length_values
 from rollout.tasks.dataset import MISSING, field_value
+from rollout import UserFunctionError, load_function, resolve_in_config
 
 # What TRL 1.16's GRPOTrainer passes every reward function by keyword besides the columns (it also passes
 # `environments` with environment factories, which tide has not)
@@ -80,13 +75,10 @@ class RewardSpec(BaseModel):
 
     @field_validator("fn")
     @classmethod
-    def _file_relative_to_config(cls, fn: str, info: ValidationInfo) -> str:
-        """`path/to/file.py:function` names its file relative to the config file's directory, as every path of
-        a config does; the resolved config holds the absolute path."""
-        source, sep, attr = fn.rpartition(":")
-        if sep and source.endswith(".py"):
-            return f"{resolve_config_path(source, info)}:{attr}"
-        return fn
+    def _found_from_config(cls, fn: str, info: ValidationInfo) -> str:
+        """A file relative to the config file's directory, a module there or in the working directory, as tools
+        are found (rollout/user_functions.py); the resolved config holds what it found there as absolute paths."""
+        return resolve_in_config(fn, info)
 
     @model_validator(mode="after")
     def _builtin_options(self) -> "RewardSpec":
@@ -141,46 +133,17 @@ def _worker_traceback(error: BaseException) -> str | None:
 
 
 def load_reward_function(fn: str) -> Callable:
-    """A built-in by name, `package.module:function` or `path/to/file.py:function`."""
+    """A built-in by name, `package.module:function` or `path/to/file.py:function` (rollout/user_functions.py)."""
     if fn in BUILTIN_FNS:
         return BUILTIN_FNS[fn]
     source, sep, attr = fn.rpartition(":")
     if not sep or not source or not attr:
         raise RewardFunctionError(f"reward {fn!r}: not a built-in ({', '.join(BUILTINS)}) nor "
                                   f"'package.module:function' nor 'path/to/file.py:function'")
-    module = _import_file(fn, source) if source.endswith(".py") else _import_module(fn, source)
-    func = getattr(module, attr, None)
-    if not callable(func):
-        raise RewardFunctionError(f"reward {fn!r}: {source} has no function {attr!r}")
-    return func
-
-
-def _import_module(fn: str, name: str) -> Any:
-    if os.getcwd() not in sys.path:  # `tide` is a console script: the directory it runs in is not on the path
-        sys.path.append(os.getcwd())
     try:
-        return importlib.import_module(name)
-    except Exception as e:  # an import error of any kind inside the user's module
-        raise RewardFunctionError(f"reward {fn!r}: cannot import {name}: {type(e).__name__}: {e}") from None
-
-
-def _import_file(fn: str, path: str) -> Any:
-    """A module from a file, imported once per process under a name of its own."""
-    file = Path(path).expanduser().resolve()
-    name = f"tide_reward_{file.stem}_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    if not file.is_file():
-        raise RewardFunctionError(f"reward {fn!r}: no such file {file}")
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before running it, as an import does (dataclasses and pickling look it up)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise RewardFunctionError(f"reward {fn!r}: cannot import {file}: {type(e).__name__}: {e}") from None
-    return module
+        return load_function(fn, "reward")
+    except UserFunctionError as e:
+        raise RewardFunctionError(str(e)) from None
 
 
 def call_style(spec: RewardSpec, func: Callable) -> str:

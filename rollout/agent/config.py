@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from ..user_functions import resolve_in_config
 
 ENVIRONMENTS = ("guess", "code_feedback")
 
@@ -25,10 +27,12 @@ class PythonToolConfig(_Strict):
 
 class AgentConfig(_Strict):
     tools: list[str] = Field([], description="Tools the model may call: `python` (code run in a sandbox session "
-                             "of the trajectory's own) and user functions as \"package.module:function\" (typed, with "
-                             "a Google-style docstring: their OpenAI schema is derived from it). A trajectory ends "
-                             "at the first turn without a call; the task's scorer or `rewards:` score its last "
-                             "turn.")
+                             "of the trajectory's own) and user functions, found as reward functions are: "
+                             "\"path/to/file.py:function\" (relative to the config file's directory) or "
+                             "\"package.module:function\" (importable from the installed packages, the config "
+                             "file's directory or the working directory); typed, with a Google-style docstring: "
+                             "their OpenAI schema is derived from it. A trajectory ends at the first turn without a "
+                             "call; the task's scorer or `rewards:` score its last turn.")
     environment: Literal["guess", "code_feedback"] | None = Field(
         None, description="An environment answering every turn, instead of tools: `guess` (task.name guess: "
         "higher/lower feedback, reward falling with the number of guesses) or `code_feedback` (task.name code: "
@@ -61,6 +65,12 @@ class AgentConfig(_Strict):
     python: PythonToolConfig = Field(PythonToolConfig(), description="The built-in `python` tool's sandbox "
                                      "sessions.")
 
+    @field_validator("tools")
+    @classmethod
+    def _found_from_config(cls, tools: list[str], info: ValidationInfo) -> list[str]:
+        """Files and modules beside the config as absolute paths in the resolved config (rollout/user_functions.py)."""
+        return [spec if spec == "python" else resolve_in_config(spec, info) for spec in tools]
+
     @model_validator(mode="after")
     def _tools_or_environment(self) -> "AgentConfig":
         if bool(self.tools) == (self.environment is not None):
@@ -68,7 +78,8 @@ class AgentConfig(_Strict):
                              "environment answering each turn), not both and not neither")
         for spec in self.tools:
             if spec != "python" and ":" not in spec:
-                raise ValueError(f"agent.tools: {spec!r} is neither `python` nor \"package.module:function\"")
+                raise ValueError(f"agent.tools: {spec!r} is neither `python` nor \"package.module:function\" nor "
+                                 f"\"path/to/file.py:function\"")
         if len(set(self.tools)) != len(self.tools):
             raise ValueError("agent.tools: a tool is listed twice")
         return self

@@ -1,9 +1,10 @@
 """Tools an agent may call: Python functions declared to the model as OpenAI function schemas, derived from their
 signatures and docstrings by transformers' `get_json_schema` (the schema a chat template's `tools=` renders).
 
-A user tool is `"package.module:function"`, sync or async. Every call ends as a `ToolOutcome`: its text for the
-model, or an error the model reads (an unknown tool, arguments the signature does not take, an exception, a
-timeout) -- never an exception out of the agent loop.
+A user tool is `"package.module:function"` or `"path/to/file.py:function"` (found as reward functions are:
+rollout/user_functions.py), sync or async. Every call ends as a `ToolOutcome`: its text for the model, or an error
+the model reads (an unknown tool, arguments the signature does not take, an exception, a timeout) -- never an
+exception out of the agent loop.
 
 One trajectory's tools cannot starve another trajectory's: each ToolBox (one per trajectory) runs at most
 `max_parallel_calls` of its calls at once, and its sync tools in threads of its own, as many. At its timeout a
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..user_functions import load_function
 from .parsers import ToolCall
 
 Failure = Literal["unknown_tool", "bad_arguments", "error", "timeout"]
@@ -70,18 +71,13 @@ def tool_from_function(fn: Callable[..., Any], name: str | None = None, stateful
 
 
 def load_tool(spec: str) -> Tool:
-    """`"package.module:function"` -> Tool; ValueError naming what is missing."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"tool {spec!r}: write it as \"package.module:function\"")
+    """`"package.module:function"` or `"path/to/file.py:function"`, found as reward functions are
+    (rollout/user_functions.py) -> Tool; ValueError naming the spec, the file or module, and why."""
+    fn = load_function(spec, "tool")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"tool {spec!r}: cannot import {module_name!r} ({e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"tool {spec!r}: {module_name!r} has no function {attr!r}")
-    return tool_from_function(fn)
+        return tool_from_function(fn)
+    except ValueError as e:
+        raise ValueError(f"{spec!r}: {e}") from None
 
 
 def _stringify(value: Any) -> str:
