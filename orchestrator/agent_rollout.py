@@ -11,9 +11,10 @@ Every token keeps the policy version that sampled it: the iteration whose weight
 iteration - 1; the inserted tokens -1)."""
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,8 @@ class Agent:
                 raise ConfigError("agent: the python tool and code_feedback need the sandbox service")
             self.client = SandboxClient(sandbox_url)
         python = [PythonSession(None).tool()] if "python" in cfg.tools else []
-        self.schemas = [t.schema for t in python + self.user_tools] or None
+        self.declared: dict[str, Tool] = {t.name: t for t in python + self.user_tools}  # what the model is told of
+        self.schemas = [t.schema for t in self.declared.values()] or None
 
     @property
     def scores_itself(self) -> bool:
@@ -108,6 +110,28 @@ class Agent:
                               self.schemas, self.template_kwargs)
             out.append(TrainSequence(t.prompt_ids, t.ids, loss_mask=[float(m) for m in t.mask]))
         return out
+
+    def check_demonstrations(self, labelled: Sequence[tuple[str, list[dict[str, Any]]]]) -> None:
+        """Refuses (ConfigError) written demonstrations, each with where it is written, that call a tool this agent
+        does not have or with arguments its signature does not take: the warm start would teach calls that fail."""
+        tools = ", ".join(self.declared) or f"none (agent.environment {self.cfg.environment})"
+        todo = ("set trainer.warmup_sft_steps: 0 (no warm start), add the tool to agent.tools, or give demonstrations "
+                "that call your tools (task.name dataset with task.demonstrations_field: docs/agents.md)")
+        for where, messages in labelled:
+            for call in (c for m in messages for c in m.get("tool_calls") or ()):
+                name, arguments = call["function"]["name"], call["function"]["arguments"]
+                shown = _shown_call(name, arguments)
+                tool = self.declared.get(name)
+                if tool is None:
+                    raise ConfigError(f"trainer.warmup_sft_steps: the warm start's demonstrations call a tool the "
+                                      f"agent does not have: {where} calls {shown}; agent.tools: {tools}. To "
+                                      f"train on calls that can succeed, {todo}")
+                try:
+                    inspect.signature(tool.fn).bind(**arguments)
+                except TypeError as e:
+                    raise ConfigError(f"trainer.warmup_sft_steps: {where} calls {shown}, which {name}"
+                                      f"{inspect.signature(tool.fn)} does not take ({e}); correct the "
+                                      f"demonstration's arguments, or {todo}") from None
 
     def _as_written(self, message: dict[str, Any]) -> dict[str, Any]:
         """A demonstration's assistant message with OpenAI `tool_calls` as the text the model writes for them
@@ -150,6 +174,11 @@ class Agent:
         if self.cfg.environment == "guess":
             return GuessingGame(max_turns=self.cfg.max_turns)
         return CodeFeedback(self.client, max_turns=self.cfg.max_turns)
+
+
+def _shown_call(name: str, arguments: dict[str, Any], limit: int = 120) -> str:
+    text = f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+    return text if len(text) <= limit else text[:limit] + "...)"
 
 
 class _SystemFirst:

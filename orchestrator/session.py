@@ -35,7 +35,7 @@ from orchestrator.rewards import reward_columns
 from orchestrator.rollout_group import RolloutGroup
 from orchestrator.rundir import PhaseRecord, RunDir
 from orchestrator.trainer_group import TrainerGroup, check_routing_replay
-from orchestrator.warmup import WARMUP_STOP_WINDOW, warm_start
+from orchestrator.warmup import WARMUP_STOP_WINDOW, check_demonstrations, warm_start
 from rollout.engine_proc import freeze_heap, pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
@@ -116,6 +116,7 @@ class Session:
                               context=_model_context(model_dir, cfg), deterministic=cfg.deterministic,
                               template_kwargs=cfg.model.chat_template_kwargs)
                 stack.callback(agent.close)
+            check_demonstrations(task, cfg.trainer, cfg.seed, agent)  # a warm start on calls that cannot succeed
             reward_functions = None
             if cfg.rewards:
                 try:

@@ -23,16 +23,42 @@ def reached(losses: list[float], stop_loss: float | None) -> bool:
     return sum(losses[-WARMUP_STOP_WINDOW:]) / WARMUP_STOP_WINDOW <= stop_loss
 
 
+def written_conversations(task: RenderedTask, cfg: TrainerConfig, seed: int) -> list[list[dict]] | None:
+    """The multi-turn demonstrations the warm start trains an agent on: the task's own (`sft_conversations`), or a
+    dataset's column (task.demonstrations_field); None: the task writes none (its reference answers are trained
+    on)."""
+    write = getattr(task.task, "sft_conversations", None)
+    return None if write is None else write(seed, cfg.warmup_sft_steps * cfg.warmup_sft_batch)
+
+
+def check_demonstrations(task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None) -> None:
+    """At start-up, before engines or trainer: the demonstrations the warm start would train on call only the
+    agent's tools, with arguments their signatures take (`Agent.check_demonstrations`; every row of a dataset's
+    column, the drawn ones of a task's own), and a dataset's demonstrations have an agent to train; ConfigError."""
+    if getattr(task.task, "demonstrations_field", None) and agent is None:
+        raise ConfigError("task.demonstrations_field: written demonstrations are tool-call conversations and need "
+                          "an `agent:` section with the tools they call; add one, or remove the field")
+    if agent is None or cfg.warmup_sft_steps == 0:
+        return
+    rows = getattr(task.task, "demonstration_rows", None)
+    if rows is not None:
+        agent.check_demonstrations(rows())
+        return
+    own = written_conversations(task, cfg, seed) or []
+    agent.check_demonstrations([(f"task.name {task.task.name}'s written demonstration {i}", c)
+                                for i, c in enumerate(own, 1)])
+
+
 def warm_start(trainer: TrainerGroup, task: RenderedTask, cfg: TrainerConfig, seed: int, agent=None,
                on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Returns the loss of every step taken (fewer than warmup_sft_steps when warmup_sft_stop_loss ends it early);
     `on_step(step, loss)` hears of each as it ends (1-based). With an `agent`
-    (orchestrator/agent_rollout.py) and a task that writes multi-turn demonstrations (`sft_conversations`), those
-    are trained on, laid out as the agent's rollouts lay out trajectories, the model's turns only."""
+    (orchestrator/agent_rollout.py) and a task that writes multi-turn demonstrations (`written_conversations`),
+    those are trained on, laid out as the agent's rollouts lay out trajectories, the model's turns only."""
     n = cfg.warmup_sft_batch
-    if agent is not None and hasattr(task.task, "sft_conversations"):
-        sequences = agent.demonstrations(task.task.sft_conversations(seed, cfg.warmup_sft_steps * n),
-                                         task.renderer.end_of_turn_ids())
+    conversations = written_conversations(task, cfg, seed) if agent is not None else None
+    if conversations is not None:
+        sequences = agent.demonstrations(conversations, task.renderer.end_of_turn_ids())
     else:
         sequences = [TrainSequence(list(p.prompt_ids), ids) for p, ids in task.sft_pairs(seed, cfg.warmup_sft_steps * n)]
     if not sequences:

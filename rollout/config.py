@@ -353,6 +353,12 @@ class TaskConfig(_Strict):
     answer_field: str = Field("answer", description="dataset: the column holding the reference answer (dots reach "
                               "into nested columns, e.g. reward_model.ground_truth); every column but the "
                               "prompt's reaches reward functions under its own name.")
+    demonstrations_field: str | None = Field(
+        None, description="dataset, with `agent.tools`: the column holding each row's written demonstration, which "
+        "the warm start (trainer.warmup_sft_steps) trains on instead of the reference answer: the chat messages "
+        "that follow the prompt, OpenAI style (assistant messages, with `tool_calls` [{function: {name, "
+        "arguments}}], `tool` messages holding the results), ending with the model's answer; dots reach into "
+        "nested columns. Every row needs one; null: none (the warm start trains on the reference answers).")
     eval_path: ConfigPath | None = Field(
         None, description="dataset: held-out rows (same fields) for the eval phase; null: eval problems from a "
         "stream of the task that training never draws.")
@@ -374,6 +380,9 @@ class TaskConfig(_Strict):
                              "'reasoning_gym'")
         if self.name in ("jsonl", "dataset") and not self.path:
             raise ValueError(f"task.path is required when task.name is {self.name!r}")
+        if self.demonstrations_field is not None and self.name != "dataset":
+            raise ValueError(f"task.demonstrations_field is a column of a dataset (task.name dataset); task.name "
+                             f"{self.name!r} writes its own demonstrations or has none")
         for field_name in ("path", "eval_path"):
             value = getattr(self, field_name)
             if value is None or self.name not in ("jsonl", "dataset"):

@@ -28,7 +28,7 @@ def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) ->
         from .dataset import DatasetTask  # imports the datasets library
 
         return DatasetTask(path=cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                           eval_path=cfg.eval_path)
+                           eval_path=cfg.eval_path, demonstrations_field=cfg.demonstrations_field)
     if cfg.name == "reasoning_gym":
         from .reasoning_gym_task import ReasoningGymTask  # imports reasoning_gym
 

@@ -6,6 +6,7 @@ reward functions get the row as TRL gives it). Scored by numeric match with answ
 (`verifiers.numeric_match`); the rows of `eval_path` are the eval phase's held-out problems."""
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..config import DATASET_FORMATS
 from .base import Problem
+from .demonstrations import read_demonstration
 from .jsonl import ShuffledProblems, TaskDataError
 
 
@@ -104,14 +106,47 @@ class DatasetTask(ShuffledProblems):
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     eval_path: str | None = None
+    demonstrations_field: str | None = None  # the column of each row's written demonstration (demonstrations.py)
     name: str = "dataset"
     _problems: list[Problem] = field(default_factory=list, repr=False)
+    _demonstrations: list[list[dict[str, Any]]] = field(default_factory=list, repr=False)  # one per problem
 
     def __post_init__(self) -> None:
-        self._problems = self._load(self.path)
+        rows = load_rows(self.path)
+        self._problems = problems_from_rows(rows, self.path, self.prompt_field, self.answer_field)
+        if self.demonstrations_field is not None:
+            self._demonstrations = [self._demonstration(row, p, i)
+                                    for i, (row, p) in enumerate(zip(rows, self._problems), 1)]
 
     def _load(self, path: str) -> list[Problem]:
         return problems_from_rows(load_rows(path), path, self.prompt_field, self.answer_field)
+
+    def _demonstration(self, row: Mapping[str, Any], problem: Problem, i: int) -> list[dict[str, Any]]:
+        """The row's prompt messages followed by its written demonstration."""
+        where = f"{self.path}: row {i}: field {self.demonstrations_field!r} (task.demonstrations_field)"
+        value = field_value(row, self.demonstrations_field)
+        if value is MISSING:
+            raise TaskDataError(f"{where}: no such column; the row's columns: {', '.join(map(repr, sorted(row)))} "
+                                f"(every row needs a demonstration; dots reach into nested columns)")
+        prompt = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
+        if any(m["role"] == "assistant" for m in prompt):
+            raise TaskDataError(f"{where}: the row's prompt holds an assistant message, which the warm start would "
+                                f"train on as the model's turn; a demonstration's prompt ends before the model's "
+                                f"first turn")
+        return prompt + read_demonstration(value, where)
+
+    def sft_conversations(self, seed: int, n: int) -> list[list[dict[str, Any]]] | None:
+        """n rows' prompts with their written demonstrations, drawn as the warm start draws rows; None without
+        `demonstrations_field` (the warm start then trains on the reference answers)."""
+        if not self._demonstrations:
+            return None
+        rng = random.Random(seed)
+        return [self._demonstrations[rng.randrange(len(self._demonstrations))] for _ in range(n)]
+
+    def demonstration_rows(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """Every row's demonstration with where it is written (what the start-up check names)."""
+        return [(f"{self.path}: row {i}: field {self.demonstrations_field!r}", d)
+                for i, d in enumerate(self._demonstrations, 1)]
 
     def held_out(self, seed: int, n: int) -> list[Problem] | None:
         """The first n rows of `eval_path`; None without one (the eval phase then draws from the training
