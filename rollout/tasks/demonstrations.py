@@ -8,9 +8,9 @@ the prompt, OpenAI style, read into the form the warm start lays out (orchestrat
      {"role": "tool", "content": "408"},
      {"role": "assistant", "content": "408"}]
 
-`arguments` is an object or a JSON string of one (OpenAI's wire form). A file read as a table (`datasets`, Arrow)
-gives every message the keys any message has, and every call's arguments the keys any call's have, the absent ones
-null: a null key is taken as absent (write arguments as JSON strings to keep a null). Which tools the calls name,
+`arguments` is an object or a JSON string of one (OpenAI's wire form). A Parquet file (one Arrow schema for every
+row) gives every message the keys any message has, and every call's arguments the keys any call's have, the absent
+ones null: a null key is taken as absent (write arguments as JSON strings to keep a null). Which tools the calls name,
 and whether their signatures take the arguments, is checked against `agent.tools` when the run starts."""
 from __future__ import annotations
 
