@@ -2,8 +2,8 @@
 (each attempt's appended under a header); the exit code that tells `--max-restarts` whether to try again.
 
 An error in the user's input or code -- the config (ConfigError), the dataset (TaskDataError) or a reward function
-that raised, hung or returned something else than one number per completion (RewardFunctionError) -- is
-deterministic: the same run fails the same way again, so it exits 2 and is never retried, and the console shows
+that raised, hung or returned something else than one number per completion (RewardFunctionError), a tool or
+function that cannot be imported (UserFunctionError) -- is deterministic: the same run fails the same way again, so it exits 2 and is never retried, and the console shows
 the user's own traceback (a reward function's, from the worker process it ran in). Anything else is a fault
 (exit 1: a rank or an engine died, the Ray head went away), retried by `--max-restarts`, its traceback left to
 error.log so the reason is what a terminal shows."""
@@ -15,10 +15,11 @@ from pathlib import Path
 
 from orchestrator.config import ConfigError
 from orchestrator.reward_functions import RewardFunctionError
+from rollout import UserFunctionError
 from rollout.tasks import TaskDataError
 
 ERROR_LOG = "error.log"
-INPUT_ERRORS = (ConfigError, TaskDataError, RewardFunctionError)  # exit 2, never retried
+INPUT_ERRORS = (ConfigError, TaskDataError, RewardFunctionError, UserFunctionError)  # exit 2, never retried
 INPUT_EXIT, FAULT_EXIT = 2, 1
 
 
@@ -28,7 +29,7 @@ def exit_code(error: BaseException) -> int:
 
 def reason(error: BaseException) -> str:
     """The one line a terminal shows first."""
-    if isinstance(error, (ConfigError, TaskDataError)):
+    if isinstance(error, (ConfigError, TaskDataError, UserFunctionError)):
         return str(error)  # written for the user already, naming the field or row
     return f"error: {type(error).__name__}: {error}"
 
