@@ -54,7 +54,8 @@ class SignalWatch:
         sample = next((s for s in samples if s.reward is not None), samples.items[0] if len(samples) else None)
         shown = "" if sample is None else (f" One sample of iteration {last}: completion "
                                            f"{_clip(sample.text)}; columns {_columns(problems[sample.prompt_index])}.")
-        return (f"iterations {first}-{last}: every prompt's samples got the same reward (zero_std_groups 1.0), so "
+        span = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+        return (f"{span}: every prompt's samples got the same reward (zero_std_groups 1.0), so "
                 f"the advantages and the policy gradient are zero and the policy learns nothing. {which}.{shown} "
                 f"Check that the reward functions can score what the model writes against these columns (TRL's "
                 f"accuracy_reward, for one, parses LaTeX answers such as \\boxed{{42}}: plain numbers score 0), "

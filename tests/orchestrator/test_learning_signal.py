@@ -43,6 +43,6 @@ def test_the_warning_comes_after_n_flat_iterations_names_the_constant_function_a
 def test_no_constant_function_is_said_too_and_zero_means_never():
     watch = SignalWatch(after=1)
     assert watch.observe(1, PROBLEMS, batch([[0.0, 0.0], [1.0, 1.0]]), {"the addition task's verifier": [0, 0, 1, 1]})
-    assert "no reward function returned one constant value" in watch.warning
+    assert watch.warning.startswith("iteration 1: ") and "no reward function returned one constant value" in watch.warning
     never = SignalWatch(after=0)
     assert not any(never.observe(it, PROBLEMS, batch([[0.0, 0.0]]), {}) for it in range(1, 10))
