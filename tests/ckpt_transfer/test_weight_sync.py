@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from ckpt_transfer import CheckpointError, PublishConfig, SharedMemorySync, WeightTransferConfig, open_weight_sync
 from ckpt_transfer.checksum import checksum_file
 from ckpt_transfer.manifest import Manifest, ShardRecord, TensorRecord
+from ckpt_transfer.owners import OWNER_FILE
 from ckpt_transfer.recycle import RECYCLE_DIR
 from ckpt_transfer.safetensors_format import SafetensorsHeaderError, read_header
 
@@ -71,7 +72,7 @@ def test_gc_keeps_the_newest_and_recycles_the_rest(sync):
     for it in (1, 2, 3):
         _publish(sync, it)
         sync.gc(it)
-    kept = sorted(p.name for p in sync.root.iterdir() if p.name != RECYCLE_DIR)
+    kept = sorted(p.name for p in sync.root.iterdir() if p.name not in (RECYCLE_DIR, OWNER_FILE))
     assert kept == [f"{2:07d}", f"{3:07d}"]
     assert any((sync.root / RECYCLE_DIR).iterdir()), "collected shard files go to the recycle pool"
     sync.close()
