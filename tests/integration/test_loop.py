@@ -142,15 +142,16 @@ def _wait_for_iteration(proc: subprocess.Popen, run_dir: Path, iteration: int) -
 
 def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_path, address):
     """A scheduler's SIGTERM unwinds like Ctrl-C (exit 130, engines stopped, nothing left in /dev/shm; not Ray's
-    native abort, exit 134, no cleanup); the resumed run is then SIGKILLed with its whole process group (no
-    cleanup at all) and resumed again: the run ends with the metrics, samples and parameters of the
-    uninterrupted reference run, no iteration recorded twice."""
+    native abort, exit 134, no cleanup); stopped in iteration 1, the run resumes from the warm start's checkpoint
+    (iteration 0) without warming up again. The resumed run is then SIGKILLed with its whole process group (no
+    cleanup at all) and resumed again, from its iteration-2 checkpoint: the run ends with the metrics, samples and
+    parameters of the uninterrupted reference run, no iteration recorded twice."""
     cfg = _write(tmp_path, _config("ref", address, **REF))  # same name and seed: same problems and weights
     run_dir, shm = tmp_path / "run", Path(_config("ref", address)["publish"]["shm_root"])
     with open(tmp_path / "stderr", "w") as stderr:  # a file, not a pipe nobody reads while the run goes on
         proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
-    s = _wait_for_iteration(proc, run_dir, 3)  # the iteration-2 checkpoint is complete by then
+    s = _wait_for_iteration(proc, run_dir, 1)  # the warm start's checkpoint is complete by then
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     err = (tmp_path / "stderr").read_text()
@@ -161,16 +162,19 @@ def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not shm.exists() or not any(shm.iterdir())
-    assert (run_dir / "checkpoints" / "iter_0000002").is_dir()  # what `tide resume` continues from
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_0000000"]  # what `tide resume` continues
 
-    # Resumed from iteration 2, killed at the first sign of iteration 4: whatever the kill point, from there to
+    # Resumed from iteration 0, killed at the first sign of iteration 4: whatever the kill point, from there to
     # the end of the run (its checkpoint, engine shutdown), the next resume must redo the lost iterations.
-    proc = subprocess.Popen([*TIDE, "resume", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen([*TIDE, "resume", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=stderr, start_new_session=True)
     _wait_for_iteration(proc, run_dir, 4)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (run_dir / "final.json").exists(), "run ended before it was killed"
+    err = (tmp_path / "stderr").read_text()
+    assert "resumed from iteration 0" in err and "supervised warm start" not in err, err[-4000:]
     from orchestrator.rundir import RunDir
 
     assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
