@@ -54,8 +54,7 @@ def _load(config: Path, overrides: list[str] | None) -> TideConfig:
 def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
     """Run (or resume) and record how it ended in status.json. A run that stops on its input before anything
     ran (a bad row, a reward function that cannot be imported: exit 2) leaves no directory behind when it made
-    it; any other failure leaves status.json saying `failed` and why, and its traceback in RUN_DIR/error.log
-    (orchestrator/failures.py)."""
+    it; any other failure leaves status.json saying `failed` and why (its traceback: `_guarded`)."""
     try:
         _drive(cfg, run, resume)
     except BaseException as e:
@@ -64,14 +63,6 @@ def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
             shutil.rmtree(run.path, ignore_errors=True)
         else:
             run.end_status(e)
-            if not isinstance(e, (KeyboardInterrupt, SystemExit)):
-                from orchestrator.failures import write_error_log
-
-                log = write_error_log(run.path, e)
-                try:
-                    e.error_log = log  # for _guarded's report
-                except AttributeError:  # an exception type without a __dict__
-                    pass
         raise
     run.end_status()
 
@@ -120,7 +111,7 @@ def _held(run: RunDir) -> RunDir:
     from orchestrator.run_lock import RunDirBusy
 
     try:
-        run.lock_fd = run.hold()
+        run.hold()
     except RunDirBusy as e:
         _fail(str(e), 2)
     return run
@@ -149,7 +140,7 @@ def run(config: Path = typer.Argument(..., help="YAML config"),
     if max_restarts:
         _supervised(run, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
                     restart_backoff)
-    _guarded(lambda: _execute(cfg, run, resume=False))
+    _guarded(lambda: _execute(cfg, run, resume=False), run)
 
 
 @app.command()
@@ -179,7 +170,7 @@ def resume(run_dir: Path = typer.Argument(..., help="a run directory written by 
     if max_restarts:
         _supervised(run, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
                     max_restarts, restart_backoff)
-    _guarded(lambda: _execute(cfg, run, resume=True))
+    _guarded(lambda: _execute(cfg, run, resume=True), run)
 
 
 @app.command()
@@ -236,9 +227,11 @@ def config_reference() -> None:
     typer.echo(reference_markdown(), nl=False)
 
 
-def _guarded(fn) -> None:
+def _guarded(fn, run: RunDir) -> None:
     """Run `fn`, ending the process with its reason first and the exit code that says whether a restart could
-    help (orchestrator/failures.py): 2 for the user's input or code, 1 for a fault, 130 when interrupted."""
+    help (orchestrator/failures.py): 2 for the user's input or code, 1 for a fault, 130 when interrupted. The
+    traceback goes to RUN_DIR/error.log unless the run's directory was removed (an input error before anything
+    ran)."""
     # SIGTERM (a scheduler's preemption, `kill`) unwinds like Ctrl-C, so the run's engines, trainer ranks,
     # sandbox and /dev/shm copies are released by the same `finally` blocks instead of being orphaned.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -247,9 +240,10 @@ def _guarded(fn) -> None:
     except KeyboardInterrupt:
         _fail("interrupted; `tide resume` continues from the newest checkpoint", 130)
     except Exception as e:
-        from orchestrator.failures import console_report, exit_code
+        from orchestrator.failures import console_report, exit_code, write_error_log
 
-        _fail(console_report(e, getattr(e, "error_log", None)), exit_code(e))
+        log = write_error_log(run.path, e) if run.path.is_dir() else None
+        _fail(console_report(e, log), exit_code(e))
 
 
 def main() -> None:

@@ -66,13 +66,10 @@ class SignalWatch:
 def has_spread(samples: Samples) -> bool:
     """Whether some prompt's scored samples got different rewards (with one sample per prompt: whether the
     batch's did, what a baseline across prompts would see)."""
-    groups: dict[int, list[float]] = {}
-    for s in samples:
-        if s.reward is not None:
-            groups.setdefault(s.prompt_index, []).append(s.reward)
-    if groups and all(len(rs) == 1 for rs in groups.values()):
-        return len({rs[0] for rs in groups.values()}) > 1
-    return any(len(set(rs)) > 1 for rs in groups.values())
+    groups = [rs for group in samples.groups().values() if (rs := [s.reward for s in group if s.reward is not None])]
+    if groups and all(len(rs) == 1 for rs in groups):
+        return len({rs[0] for rs in groups}) > 1
+    return any(len(set(rs)) > 1 for rs in groups)
 
 
 def _clip(value: object) -> str:

@@ -87,6 +87,7 @@ class RunDir:
         self._tb: TensorBoardLog | None = None
         self._tb_purge_step: int | None = None
         self._sinks: list = []  # more scalar loggers beside TensorBoard (orchestrator/wandb_log.py)
+        self.lock_fd: int | None = None  # RUN_DIR/lock's descriptor once `hold` took the directory
         self.restarts = self.restart_count()  # carried in status.json and, once nonzero, in each metrics record
         self._status: dict[str, Any] = {"restarts": self.restarts} if self.restarts else {}
 
@@ -126,12 +127,12 @@ class RunDir:
             tmp.replace(path)
         return path.read_text().strip()
 
-    def hold(self) -> int:
-        """Take the directory for this process's run (RunDirBusy while another live run has it); the lock's
-        descriptor."""
+    def hold(self) -> None:
+        """Take the directory for this process's run (RunDirBusy while another live run has it), keeping the
+        lock's descriptor in `lock_fd`."""
         from orchestrator.run_lock import hold_run_dir
 
-        return hold_run_dir(self.path)
+        self.lock_fd = hold_run_dir(self.path)
 
     @property
     def config_file(self) -> Path:

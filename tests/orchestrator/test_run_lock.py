@@ -68,7 +68,8 @@ def test_the_cli_refuses_a_held_run_directory_before_starting_anything(tmp_path)
 
 def test_a_supervisors_attempts_share_its_hold(tmp_path):
     run = RunDir(tmp_path / "run")
-    fd = run.hold()
+    run.hold()
+    fd = run.lock_fd
     script = tmp_path / "attempt.py"
     # an attempt takes the directory as a driver does: through the descriptor it inherited, not a second lock
     script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
