@@ -85,6 +85,7 @@ def enter_private_mount_namespace() -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists: signal 0 reaches it, or is refused because another user owns it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -38,21 +38,24 @@ def bash(code: str | None, exprs: list[str], path: str) -> Files:
     return {**({"solution.sh": code} if code is not None else {}), "main.sh": "\n".join(lines) + "\n"}
 
 
+def _c_family(show: str, solution: str, code: str | None, opening: str, records: list[str]) -> str:
+    """C's or C++'s program: the serialiser, the solution (its errors on its own lines of `solution`), then main:
+    `opening` (which opens the values file, exit status 3 where it cannot) and a record statement per expression."""
+    return (_SHOW[show] + f'#line 1 "{solution}"\n' + (code or "") + '\n#line 1 "tests"\n' + opening
+            + "".join(f"  {r}\n" for r in records) + "  return 0;\n}\n")
+
+
 def c(code: str | None, exprs: list[str], path: str) -> Files:
-    body = "".join(f"  TIDE_RECORD({i}, {e});\n" for i, e in enumerate(exprs))
-    src = (_SHOW["show.h"] + '#line 1 "solution.c"\n' + (code or "") + '\n#line 1 "tests"\n'
-           f"int main(void) {{\n  tide_values = fopen({_q(path)}, \"a\");\n  if (!tide_values) return 3;\n"
-           f"{body}  return 0;\n}}\n")
-    return {"main.c": src}
+    opening = f"int main(void) {{\n  tide_values = fopen({_q(path)}, \"a\");\n  if (!tide_values) return 3;\n"
+    records = [f"TIDE_RECORD({i}, {e});" for i, e in enumerate(exprs)]
+    return {"main.c": _c_family("show.h", "solution.c", code, opening, records)}
 
 
 def cpp(code: str | None, exprs: list[str], path: str) -> Files:
     # `signed main`: competitive-programming solutions often `#define int long long`
-    body = "".join(f"  tide_show::record(tide_f, {i}, [&]() {{ return {e}; }});\n" for i, e in enumerate(exprs))
-    src = (_SHOW["show.hpp"] + '#line 1 "solution.cpp"\n' + (code or "") + '\n#line 1 "tests"\n'
-           f"signed main() {{\n  std::FILE* tide_f = std::fopen({_q(path)}, \"a\");\n  if (!tide_f) return 3;\n"
-           f"{body}  return 0;\n}}\n")
-    return {"main.cpp": src}
+    opening = f"signed main() {{\n  std::FILE* tide_f = std::fopen({_q(path)}, \"a\");\n  if (!tide_f) return 3;\n"
+    records = [f"tide_show::record(tide_f, {i}, [&]() {{ return {e}; }});" for i, e in enumerate(exprs)]
+    return {"main.cpp": _c_family("show.hpp", "solution.cpp", code, opening, records)}
 
 
 _JAVA_IMPORTS = "import java.util.*;\nimport java.util.function.*;\nimport java.util.stream.*;\nimport java.math.*;\n"

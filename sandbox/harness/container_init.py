@@ -1,6 +1,7 @@
 """What each trusted driver of a container (python_judge.py, judge_driver.py, jupyter_driver.py) does first and
-last. The runtime writes this file as .tide_init.py beside the driver, which loads it by path (never from
-sys.path: /work is writable by the code under judgement) before any of that code runs."""
+last. The runtime writes this file as .tide_init.py beside the driver, which runs it from that file into a namespace
+of its own (never imported through sys.path: /work is writable by the code under judgement) before any of that code
+runs, and deletes it with its spec (take_secrets)."""
 import ctypes
 import json
 import os
@@ -10,7 +11,7 @@ import time
 
 def take_secrets(spec_file: str, *also_remove: str, require_init: bool = True) -> dict:
     """Become unreachable, then read the driver's spec and delete it (and `also_remove`, such as the driver's
-    own file) before the code under judgement exists: non-dumpable, so the same uid can open neither
+    own file and this one) before the code under judgement exists: non-dumpable, so the same uid can open neither
     /proc/<driver>/mem nor its descriptors; SIGINT ignored (signals from inside a pid namespace reach its init
     only where it handles them)."""
     if require_init and os.getpid() != 1:  # its guarantees, and kill(-1) at the end, need its own pid namespace

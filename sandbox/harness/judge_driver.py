@@ -10,7 +10,6 @@ to ignore), it is non-dumpable (no /proc/1/mem or /proc/1/fd), and every case's 
 Verdicts are printed once, after every other process in the namespace is killed, on one line behind a nonce."""
 import array
 import fcntl
-import importlib.util
 import json
 import os
 import select
@@ -20,15 +19,6 @@ import socket
 import struct
 import sys
 import time
-
-
-def _container_init():
-    """container_init.py, loaded by path before the code under judgement runs."""
-    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(".tide_init.py")
-    return module
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -296,8 +286,10 @@ def _check_with_program(spec: dict, checker_fd: int, case: dict, output: str) ->
 
 
 def main() -> None:
-    init = _container_init()
-    spec = init.take_secrets(".tide_judge.json", ".tide_judge.py")
+    init: dict = {}  # container_init.py, run from its file (never imported: the code under judgement can write /work)
+    with open(".tide_init.py") as f:
+        exec(compile(f.read(), ".tide_init.py", "exec"), init)
+    spec = init["take_secrets"](".tide_judge.json", ".tide_judge.py", ".tide_init.py")
     checker_fd = None
     if spec.get("checker_cmd"):  # into memory and off the disk before the program under judgement runs
         with open(".tide_checker", "rb") as f:
@@ -318,11 +310,11 @@ def main() -> None:
                 zygote = None
             r = _run_case(exec_each, *args)
         # nothing a case started survives into the checker or the next case
-        if zygote is not None and (zygote.pid < 0 or not init.kill_all_except({zygote.pid})):
+        if zygote is not None and (zygote.pid < 0 or not init["kill_all_except"]({zygote.pid})):
             zygote.close()
             zygote = None
         if zygote is None:
-            init.kill_everyone_else()
+            init["kill_everyone_else"]()
         if r["verdict"] is None and checker_fd is not None:
             ok, r["checker_message"] = _check_with_program(spec, checker_fd, case, r["stdout"])
             r["verdict"] = "AC" if ok else "WA"
@@ -335,7 +327,7 @@ def main() -> None:
         results.append(r)
         if spec["stop_on_first_failure"] and r["verdict"] != "AC":
             break
-    init.kill_everyone_else()
+    init["kill_everyone_else"]()
     sys.stdout.write("\n" + spec["nonce"] + " " + json.dumps({"cases": results}) + "\n")
     sys.stdout.flush()
 

@@ -4,22 +4,12 @@ bundle: text/plain, image/png as base64, ...) and errors. A cell over `cell_time
 reported as a TimeoutError, and the cells after it are not run. The kernel's own stdout/stderr go nowhere: its
 output reaches the report only through Jupyter's messages, and the report is printed once, after every other
 process is killed, behind a nonce."""
-import importlib.util
 import json
 import os
 import queue
 import subprocess
 import sys
 import time
-
-
-def _container_init():
-    """container_init.py, loaded by path before the code under judgement runs."""
-    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(".tide_init.py")
-    return module
 
 
 def _run_cell(kc, code: str, timeout_s: float | None) -> tuple[dict, bool]:
@@ -50,8 +40,10 @@ def _run_cell(kc, code: str, timeout_s: float | None) -> tuple[dict, bool]:
 
 
 def main() -> None:
-    init = _container_init()
-    spec = init.take_secrets(".tide_jupyter.json", ".tide_jupyter.py")
+    init: dict = {}  # container_init.py, run from its file (never imported: the code under judgement can write /work)
+    with open(".tide_init.py") as f:
+        exec(compile(f.read(), ".tide_init.py", "exec"), init)
+    spec = init["take_secrets"](".tide_jupyter.json", ".tide_jupyter.py", ".tide_init.py")
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # ipykernel's debugger would warn on every start
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     from jupyter_client import KernelManager
@@ -70,7 +62,7 @@ def main() -> None:
                 break
     except Exception as e:  # the kernel would not start or died
         report["kernel_error"] = f"{type(e).__name__}: {e}"
-    init.kill_everyone_else()
+    init["kill_everyone_else"]()
     sys.stdout.write("\n" + spec["nonce"] + " " + json.dumps(report) + "\n")
     sys.stdout.flush()
 

@@ -11,7 +11,7 @@ or file descriptors through /proc; the solution's stdout and stderr reach the co
 process, line by line, and the verdict lines carry a nonce the solution never sees."""
 import ast
 import builtins
-import importlib.util
+import importlib
 import json
 import os
 import struct
@@ -21,7 +21,7 @@ import threading
 import traceback
 
 _OUT_LOCK = threading.Lock()
-_INIT = None  # container_init.py, loaded first thing by _secrets()
+_INIT: dict = {}  # container_init.py, run first thing by _secrets()
 _MAX_REPLY = 64 << 20
 
 
@@ -129,7 +129,7 @@ class _Channel:
         os.close(self._to_child)
         try:
             self.proc.wait()
-            _INIT.kill_everyone_else()  # whatever the solution left running
+            _INIT["kill_everyone_else"]()  # whatever the solution left running
         finally:
             for t in self._relays:
                 t.join()
@@ -186,34 +186,35 @@ class Remote:
 
     def __contains__(self, item) -> bool:
         # Decided here on the object's elements: asking the solution would hand it the value looked for.
-        return item in self._plain("list", self._as("list"))
+        return item in self._converted("list")
 
     def _as(self, kind: str):
         return self._ask("convert", to=kind)
 
-    @staticmethod
-    def _plain(kind: str, value):
+    def _converted(self, kind: str, ask: str | None = None):
+        """The object as the solution converts it to `kind` (asked as `ask`: repr() gives a str); a handle back is
+        no conversion."""
+        value = self._as(ask or kind)
         if isinstance(value, Remote):
             raise TypeError(f"the solution's object did not convert to {kind}")
         return value
 
     def __bool__(self) -> bool:
-        return self._plain("bool", self._as("bool"))
+        return self._converted("bool")
 
     def __int__(self) -> int:
-        return self._plain("int", self._as("int"))
+        return self._converted("int")
 
-    def __index__(self) -> int:
-        return self._plain("int", self._as("int"))
+    __index__ = __int__
 
     def __float__(self) -> float:
-        return self._plain("float", self._as("float"))
+        return self._converted("float")
 
     def __str__(self) -> str:
-        return self._plain("str", self._as("str"))
+        return self._converted("str")
 
     def __repr__(self) -> str:
-        return self._plain("str", self._as("repr"))
+        return self._converted("str", ask="repr")
 
     def _plain_value(self):
         """The object's plain value (sandbox/harness/python_runner.py `_plain`), asked without saying what it
@@ -282,25 +283,26 @@ def _remote_handle(v):
                     f"cross")
 
 
-encode = decode = None  # set by _load_wire() from python_wire.py
+encode = decode = None  # set by _secrets() from python_wire.py
 
 
-def _load_wire() -> None:
-    global encode, decode
-    wire: dict = {}
-    with open("python_wire.py") as f:
-        exec(compile(f.read(), "python_wire.py", "exec"), wire)
-    encode, decode = wire["codec"](_remote_handle, Remote)
+def _run_file(name: str) -> dict:
+    """What a harness file beside this one defines, run from its file (never imported: the solution can write
+    /work)."""
+    namespace: dict = {}
+    with open(name) as f:
+        exec(compile(f.read(), name, "exec"), namespace)
+    return namespace
 
 
 def _secrets() -> dict:
     """The nonce, tests, set-up and solution names, read before the solution's process exists, from a file then
     removed, into a process whose memory and descriptors its user (the solution's too) can no longer read through
     /proc."""
-    global _INIT
-    _INIT = _container_init()
-    data = _INIT.take_secrets("judge_input.json", "main.py", require_init=False)
-    _load_wire()
+    global _INIT, encode, decode
+    _INIT = _run_file(".tide_init.py")
+    data = _INIT["take_secrets"]("judge_input.json", "main.py", ".tide_init.py", require_init=False)
+    encode, decode = _run_file("python_wire.py")["codec"](_remote_handle, Remote)
     return data
 
 
@@ -371,15 +373,6 @@ def _bound_names(source: str) -> set[str]:
         else:
             out |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     return out
-
-
-def _container_init():
-    """container_init.py, loaded by path before the code under judgement runs."""
-    spec = importlib.util.spec_from_file_location("tide_container_init", ".tide_init.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(".tide_init.py")
-    return module
 
 
 def main() -> None:
