@@ -5,7 +5,7 @@ and in lockstep (one engine call per turn, after every reply of the turn), alter
     .venv/bin/python scripts/bench_agent.py [--quick]     writes bench_results/agent.json
 
 The iteration: trajectories of a tiny random model (built locally) on the run's real path -- the RolloutEngine
-as a Ray actor behind orchestrator.rollout_group, the AgentRunner, the episodes -- where every model turn is
+as a Ray actor behind orchestrator.workers.rollout_group, the AgentRunner, the episodes -- where every model turn is
 answered by a tool whose latency is drawn per call (seeded, uniform in 0.1-2.0 s: what a search API or a sandboxed
 test run takes; the tool waits, it does not compute, as such remote calls do). A turn ends at one of the
 vocabulary's first 64 tokens (stop tokens), so that turns are short and many. Both schedules sample every turn
@@ -146,7 +146,7 @@ def overlap_part(report: Report, quick: bool) -> None:
     import ray
     from transformers import AutoTokenizer
 
-    from orchestrator.rollout_group import RolloutGroup
+    from orchestrator.workers.rollout_group import RolloutGroup
     from rollout.agent import AgentLimits, AgentRunner, EnvEpisode
     from rollout.config import EngineConfig
     from rollout.tasks import AdditionTask

@@ -160,8 +160,8 @@ def tide_python_tool(agent, counts: Counter,
 
 
 def warm_start(model, tc, task, renderer, agent) -> None:
-    """The job's supervised warm start (orchestrator/warmup.py) in plain PyTorch (bench_common.sft_steps) on tide's
-    own demonstration sequences: `agent.demonstrations` lays out each written conversation as tide's warm start
+    """The job's supervised warm start (orchestrator/iteration/warmup.py) in plain PyTorch (bench_common.sft_steps) on
+    tide's own demonstration sequences: `agent.demonstrations` lays out each written conversation as tide's warm start
     does, token ids and per-token loss masks, the model's turns only."""
     t = tc.trainer
     conversations = task.sft_conversations(tc.seed, t.warmup_sft_steps * t.warmup_sft_batch)
@@ -185,12 +185,12 @@ def run_trl_tools(cfg: dict, work: Path, clock: list[float] | None = None, *,
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
-    from orchestrator.agent_rollout import Agent
-    from orchestrator.config import parse_config
-    from orchestrator.model_source import resolve_model_dir
-    from orchestrator.prompts import PromptRenderer, with_system_prompt
-    from orchestrator.sandbox_service import SandboxService
-    from orchestrator.session import _model_context
+    from orchestrator.agents.agent_rollout import Agent
+    from orchestrator.config.schema import parse_config
+    from orchestrator.config.model_source import resolve_model_dir
+    from orchestrator.workers.prompts import PromptRenderer, with_system_prompt
+    from orchestrator.workers.sandbox_service import SandboxService
+    from orchestrator.iteration.session import _model_context
     from rollout.tasks import Problem, make_task
 
     tc = parse_config(cfg, "run_trl_tools", ROOT / "configs")
@@ -297,11 +297,11 @@ def warm_started_model(cfg: dict, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from orchestrator.agent_rollout import Agent
-    from orchestrator.config import parse_config
-    from orchestrator.model_source import resolve_model_dir
-    from orchestrator.prompts import PromptRenderer
-    from orchestrator.session import _model_context
+    from orchestrator.agents.agent_rollout import Agent
+    from orchestrator.config.schema import parse_config
+    from orchestrator.config.model_source import resolve_model_dir
+    from orchestrator.workers.prompts import PromptRenderer
+    from orchestrator.iteration.session import _model_context
     from rollout.tasks import make_task
 
     tc = parse_config(cfg, "warm_started_model", ROOT / "configs")
@@ -336,7 +336,7 @@ def trl_tools_worker(job: Path, out: Path) -> None:
 def check_prompt_ids(trainer, agent, problems: list, system_prompt: str | None) -> None:
     """Every prompt's token ids as TRL renders them (its messages and tools) must be those tide's agent starts the
     trajectory from (rollout/agent/runner.py)."""
-    from orchestrator.prompts import with_system_prompt
+    from orchestrator.workers.prompts import with_system_prompt
     from rollout.agent.trajectory import render
 
     conversations = [with_system_prompt(p.messages, system_prompt) for p in problems]

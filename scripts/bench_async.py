@@ -63,8 +63,8 @@ from bench_common import Report, bench_arguments, ratio_of, repeats_for  # noqa:
 from bench_e2e import LARGE_UPDATES, large_job, run_trl_process, tide_timeline  # noqa: E402
 from measure_overlap_bound import bound, measure  # noqa: E402  (its phase table; its bound assumes lockstep's speeds)
 
-from orchestrator.inspect import iteration_ends  # noqa: E402
-from orchestrator.rundir import read_jsonl  # noqa: E402
+from orchestrator.run.wall_time import iteration_ends  # noqa: E402
+from orchestrator.records.rundir import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -201,13 +201,13 @@ class Report:
 
 def sft_steps(model, sequences: list, batch: int, steps: int, lr: float, weight_decay: float, clip: float,
               pad_id: int, stop_loss: float | None = None) -> list[float]:
-    """tide's supervised warm start (orchestrator/warmup.py) in plain PyTorch, for the TRL sides of the benches:
-    token-mean NLL over each step's `batch` TrainSequences (their trained_mask: every completion token, or a
+    """tide's supervised warm start (orchestrator/iteration/warmup.py) in plain PyTorch, for the TRL sides of the
+    benches: token-mean NLL over each step's `batch` TrainSequences (their trained_mask: every completion token, or a
     trajectory's model turns), Adam, gradient clipping, ended early by trainer.warmup_sft_stop_loss's rule
     (`stop_loss`). Returns the loss of every step taken."""
     import torch
 
-    from orchestrator.warmup import reached
+    from orchestrator.iteration.warmup import reached
 
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []

@@ -168,7 +168,7 @@ def vllm_generate_floor(cfg: dict, repeats: int) -> list[float]:
     time while vLLM generates its samples."""
     from vllm import LLM
 
-    from orchestrator.model_source import resolve_model_dir
+    from orchestrator.config.model_source import resolve_model_dir
     from rollout.config import RolloutConfig, TaskConfig
     from rollout.engine import configure_env, generate_requests, llm_kwargs
     from rollout.tasks import make_task
@@ -176,7 +176,7 @@ def vllm_generate_floor(cfg: dict, repeats: int) -> list[float]:
 
     from transformers import AutoTokenizer
 
-    from orchestrator.prompts import PromptRenderer, RenderedTask
+    from orchestrator.workers.prompts import PromptRenderer, RenderedTask
 
     seed, r = cfg["seed"], RolloutConfig(**cfg["rollout"])
     task = make_task(TaskConfig(**cfg["task"]))

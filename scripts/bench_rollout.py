@@ -6,7 +6,7 @@ that keep tide's log-prob contract, and Hugging Face `generate`. Figure of merit
 Sides, on the same model (a Qwen2-architecture decoder of about 100M parameters, random init, float32; --quick:
 about 25M), prompts, sampling (temperature 1, no truncation, k samples per prompt, EOS or max_new_tokens) and
 seeds, all alive at once and sampled round robin (one run, alternating):
-- `tide`: what a rollout phase does -- the RolloutEngine as a Ray actor (orchestrator.rollout_group) with tide's
+- `tide`: what a rollout phase does -- the RolloutEngine as a Ray actor (orchestrator.workers.rollout_group) with tide's
   default engine settings, one seeded request with k samples per prompt, the sampled tokens' log-probs, Samples
   back to the driver;
 - `vllm-direct`: vLLM's `LLM.generate` with tide's engine arguments and requests, timed around the call in the
@@ -169,7 +169,7 @@ def main() -> None:
 
     import ray
 
-    from orchestrator.rollout_group import RolloutGroup
+    from orchestrator.workers.rollout_group import RolloutGroup
     from rollout.config import EngineConfig
     from rollout.tasks import AdditionTask
     from trainer.batch import TokenDistribution

@@ -56,7 +56,7 @@ def tide_run(cfg: dict, work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     path, run_dir = work / f"{cfg['name']}.yaml", work / f"tide_{cfg['name']}"
     path.write_text(yaml.safe_dump(cfg))
-    subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(run_dir)],
+    subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(path), "--run-dir", str(run_dir)],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return run_dir
 
@@ -81,8 +81,8 @@ def run_trl(cfg: dict, work: Path, clock: list[float] | None = None) -> list[flo
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from orchestrator.batches import text_batch
-    from orchestrator.model_source import resolve_model_dir
+    from orchestrator.iteration.batches import text_batch
+    from orchestrator.config.model_source import resolve_model_dir
     from rollout.config import TaskConfig
     from rollout.tasks import make_task
     from trainer.tiny_model import TinyModelConfig

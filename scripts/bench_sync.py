@@ -37,7 +37,7 @@ def main() -> None:
     from ckpt_transfer.gc import gc_iterations
     from ckpt_transfer.recycle import pool_dir
     from ckpt_transfer.config import PublishConfig
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
     from rollout.config import EngineConfig
     from rollout.engine import RolloutEngine
     from trainer.config import TrainerConfig, TrainerSpec

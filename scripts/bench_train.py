@@ -98,7 +98,7 @@ def main() -> None:
     import ray
     import torch
 
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
     from trainer.config import ParallelConfig, TrainerConfig, TrainerSpec
 
     repeats = repeats_for(args.quick)

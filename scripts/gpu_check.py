@@ -212,7 +212,7 @@ def rl_proximal_step(worker, batch) -> dict:
     sequences and the engines' log-probs taken 0.5 below the rank's: pi_old recomputed by a forward pass
     (rollout.proximal recompute) and interpolated in the step (loglinear). One mini-batch: loglinear's pi_old is
     the step's own log-probs, the recomputed one the same policy's, so the two losses must agree."""
-    from orchestrator.mismatch import MismatchCorrection, use_trainer_old_logprobs
+    from orchestrator.iteration.mismatch import MismatchCorrection, use_trainer_old_logprobs
     from trainer.batch import LoglinearProximal, TrainBatch, TrainSequence
 
     seqs = [TrainSequence(s.prompt_ids, s.completion_ids, reward=float(i % 2 == 0), group=i // 2)

@@ -31,7 +31,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.rundir import read_jsonl  # noqa: E402
+from orchestrator.records.rundir import read_jsonl  # noqa: E402
 
 ROLLOUT = "rollout"
 
@@ -61,7 +61,7 @@ def _status(run_dir: Path) -> dict:
 
 
 def measure(config: Path, overrides: list[str], interval: float, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(config), *overrides, "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "orchestrator.run.cli", "run", str(config), *overrides, "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     root = psutil.Process(proc.pid)

@@ -29,7 +29,7 @@ def measure(family: str, dtype: str, batches: int, prompts: int, n_samples: int,
             micro_batch: int = 64) -> list[dict]:
     import ray
 
-    from orchestrator.trainer_group import RankPool, TrainerGroup
+    from orchestrator.workers.trainer_group import RankPool, TrainerGroup
     from rollout.config import EngineConfig
     from rollout.engine import RolloutEngine
     from rollout.tasks import AdditionTask

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_common import Report  # noqa: E402
 
-from orchestrator.rundir import read_jsonl  # noqa: E402
+from orchestrator.records.rundir import read_jsonl  # noqa: E402
 
 KINDS = ("engine_kill", "engine_stop", "trainer_kill", "corrupt_shard", "shm_full", "sandbox_kill", "ray_head_kill")
 PHASE = {"engine_kill": "rollout", "engine_stop": "rollout", "trainer_kill": "train", "corrupt_shard": "rollout",
@@ -229,7 +229,7 @@ class Soak:
 
     # ---- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
-        cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(self.config), *self.overrides, "--run-dir",
+        cmd = [sys.executable, "-m", "orchestrator.run.cli", "run", str(self.config), *self.overrides, "--run-dir",
                str(self.run_dir), "--max-restarts", str(self.args.max_restarts), "--restart-backoff",
                str(self.args.restart_backoff)]
         with open(self.run_dir.parent / f"{self.run_dir.name}.log", "w") as log:
@@ -374,7 +374,7 @@ def main() -> None:
         t0 = time.perf_counter()
         print(f"uninterrupted reference run: {reference}", flush=True)
         with open(work / "reference.log", "w") as log:
-            rc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(args.config), *common,
+            rc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(args.config), *common,
                                  f"publish.shm_root={shm}", "--run-dir", str(reference)], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT).returncode
         if rc != 0:

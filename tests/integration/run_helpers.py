@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TIDE = [sys.executable, "-m", "orchestrator.cli"]
+TIDE = [sys.executable, "-m", "orchestrator.run.cli"]
 
 
 def tide(*args, timeout: float = 900, **kw) -> subprocess.CompletedProcess:

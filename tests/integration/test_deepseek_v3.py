@@ -70,7 +70,7 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_d
     (gaps of 0.5-5), so the engine turns that op off for MLA models (rollout/engine.py)."""
     import ray
 
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
     from rollout.config import EngineConfig
     from rollout.engine import RolloutEngine
     from trainer.batch import TokenDistribution
@@ -105,7 +105,7 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_d
 def test_layout_round_trips_and_publishes_the_trained_model(ray_cluster, rank_pool, model_dir, tmp_path, layout):
     from transformers import AutoModelForCausalLM
 
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     tp, pp, ep = LAYOUTS[layout]
     seqs = _sft_sequences(model_dir)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cluster import workers_of
+from orchestrator.workers.cluster import workers_of
 from rollout.engine_proc import pids_alive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_sigterm_to_every_process_of_the_job_ends_the_run_in_order_within_the_gr
     (tmp_path / "stop.yaml").write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
     with open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(tmp_path / "stop.yaml"),
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.run.cli", "run", str(tmp_path / "stop.yaml"),
                                  "--run-dir", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True)
     try:

@@ -34,7 +34,7 @@ def test_quickstart_job_learns(tmp_path, address, config):
     cfg["save_every"] = cfg["iterations"]
     path = tmp_path / Path(config).name
     path.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "orchestrator.run.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -175,7 +175,7 @@ def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_
     assert not (run_dir / "final.json").exists(), "run ended before it was killed"
     err = (tmp_path / "stderr").read_text()
     assert "resumed from iteration 0" in err and "supervised warm start" not in err, err[-4000:]
-    from orchestrator.rundir import RunDir
+    from orchestrator.records.rundir import RunDir
 
     assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
     recorded = [m["iteration"] for m in _metrics(run_dir)]
@@ -208,8 +208,8 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     run SIGKILLed after its iteration-2 checkpoint, while batch 4 is drawn ahead, resumes (batch 3 from the
     checkpoint) to the uninterrupted run's metrics, samples and parameters. Disaggregated: the engines run on the
     first half of the cores, the trainer ranks on the others, every thread of theirs."""
-    from orchestrator.placement import split_cpus
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.workers.placement import split_cpus
+    from orchestrator.records.rundir import read_jsonl
     from rollout.config import RolloutConfig
 
     cfg = _write(tmp_path, _config("async", address, **ASYNC))
@@ -267,7 +267,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     when trained (2 reached), and the run resumed from its iteration-2 checkpoint (which holds batch 3 and the
     generations it set aside) ends with the uninterrupted run's metrics, samples and parameters. pi_old is
     interpolated in the train step (rollout.proximal loglinear): no recomputation, stale tokens weighed."""
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.records.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("partial", address, **PARTIAL))
     whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
@@ -303,7 +303,7 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     training policy itself, and each group matches its own policy's log-probs (the snapshot's, and the
     trainer's current ones: the KV recomputed at the switch). Drained only for a checkpoint; the run resumed
     from its iteration-2 checkpoint ends with the uninterrupted run's metrics, samples and parameters."""
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.records.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("in_flight", address, **IN_FLIGHT))
     whole = tide("run", cfg, "--run-dir", tmp_path / "whole")

@@ -28,7 +28,7 @@ def _batch(seed: int) -> TrainBatch:
 
 
 def _run(rank_pool, model_dir, **trainer) -> tuple[list, dict, dict, list]:
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     spec = TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(loss="grpo", parallel=ParallelConfig(dp=2),
                                                                    **trainer))

@@ -1,5 +1,5 @@
-"""The trainer applies the driver's mismatch correction as given (orchestrator/mismatch.py): each token's policy
-gradient scaled by its importance weight, and a sequence the correction left out counts nowhere: the loss and
+"""The trainer applies the driver's mismatch correction as given (orchestrator/iteration/mismatch.py): each token's
+policy gradient scaled by its importance weight, and a sequence the correction left out counts nowhere: the loss and
 gradient of a batch with it equal those of the batch without it, in every normaliser."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from orchestrator.mismatch import MismatchCorrection, use_trainer_old_logprobs
+from orchestrator.iteration.mismatch import MismatchCorrection, use_trainer_old_logprobs
 from trainer.batch import TrainBatch, TrainSequence
 from trainer.config import TrainerConfig, TrainerSpec
 
@@ -37,7 +37,7 @@ def _corrected(trainer, seqs: list[TrainSequence], shift: dict[int, float], corr
 
 
 def test_weights_scale_the_gradient_and_left_out_sequences_count_nowhere(ray_cluster, rank_pool, tiny_model_dir):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(loss="grpo", loss_agg="seq_mean_token_mean",
                                                                           micro_batch_size=8))
@@ -75,7 +75,7 @@ def test_the_behaviour_snapshot_keeps_the_policy_that_sampled(ray_cluster, rank_
     """rollout.max_staleness 1: the batch drawn while a step trains is checked against the policy before that
     step, which the trainer keeps (snapshot_behaviour); its log-probs are that policy's exactly, after the update
     too, and a new snapshot takes the updated policy."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(loss="grpo", micro_batch_size=8))
     trainer = TrainerGroup(spec, pool=rank_pool)
@@ -105,7 +105,7 @@ def test_loglinear_proximal_is_exact_on_the_first_mini_batch_and_interpolates_af
     loss and gradient of tis on the recomputed pi_old); on a second mini-batch, one optimizer step after pi_old,
     each token's pi_old is log pi_b + d / (d + 1) (log pi_theta - log pi_b), d = 1 iteration x 2 steps, which the
     importance weights the step reports show (lr 0 keeps pi_theta where pi_old was)."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
     from trainer.batch import LoglinearProximal
 
     spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(loss="grpo", micro_batch_size=8))

@@ -87,7 +87,7 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, fa
     transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     model_dir = family_dirs(arch)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -153,7 +153,7 @@ def _vllm_serves_the_published_model(whole: Path, hf) -> None:
 
 
 def test_impossible_layout_is_refused_by_name(ray_cluster, rank_pool, tiny_model_dir):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     with pytest.raises(Exception, match=r"num_key_value_heads \(1\) is not divisible by trainer.parallel.tp \(2\)"):
         TrainerGroup(_spec(tiny_model_dir, tp=2), timeout_s=300, pool=rank_pool)
@@ -168,7 +168,7 @@ def _sft_batch(model_dir):
 
 
 def test_dense_checkpoint_resumes_into_another_layout(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     batch = _sft_batch(tiny_dense_dir)
     tokens = [s.prompt_ids + s.completion_ids for s in batch.sequences[:3]]
@@ -201,7 +201,7 @@ def test_a_checkpoint_taken_before_the_first_optimizer_step_resumes_exactly(ray_
     rank has started a process to save (Megatron's own first save spawns a Manager server for its results)."""
     import psutil
 
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     batch = _sft_batch(tiny_dense_dir)
     group = TrainerGroup(_spec(tiny_dense_dir, micro_batch_size=8), pool=rank_pool)
@@ -225,7 +225,7 @@ def test_a_checkpoint_taken_before_the_first_optimizer_step_resumes_exactly(ray_
 
 
 def test_moe_checkpoint_refuses_another_expert_layout(ray_cluster, rank_pool, tiny_moe_dir, tmp_path):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     ep2 = TrainerGroup(_spec(tiny_moe_dir, ep=2), pool=rank_pool)
     try:
@@ -248,8 +248,8 @@ def test_data_parallel_matches_one_replica_and_reshards(ray_cluster, rank_pool, 
     (2 and 1 micro-batches of 2 before placeholders evened them), a 3-sequence batch in 2 mini-batches leaves
     one replica without any, and so does a supervised step (the warm start) on one sequence. Its checkpoint loads into dp1. The reference's log-probs are those of the
     whole tempered vocabulary (the KL term's distribution), not of its own nucleus."""
-    from orchestrator.trainer_group import TrainerGroup
-    from orchestrator.batches import attach_reference_logprobs
+    from orchestrator.workers.trainer_group import TrainerGroup
+    from orchestrator.iteration.batches import attach_reference_logprobs
 
     base = _sft_batch(tiny_dense_dir)
     dist = TokenDistribution(temperature=0.7, top_p=0.9)
@@ -307,7 +307,7 @@ def test_behaviour_gap_is_the_first_mini_batch_before_its_update(ray_cluster, ra
     """train_step's `behaviour_gap` (the every-iteration log-prob check) compares the trainer's log-probs of the
     first mini-batch, on the weights it had before the step, with the batch's: a stage that is not the last
     (pp2) reports nothing of its own, later mini-batches do not count, and the trainer's own log-probs give ~0."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     base = _sft_batch(tiny_dense_dir).sequences
     dist = TokenDistribution(temperature=0.7)
@@ -334,7 +334,7 @@ def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, rank_pool
     distribution's log-probs and entropy are computed over the vocabulary split across the ranks (all-reduced
     partial sums, not gathered logits); the reported entropy is that of the model's softmax at the completion
     positions; two epochs of one mini-batch are two steps on the same batch against the same pi_old."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
     from trainer.sampling import entropy
 
     base = _sft_batch(tiny_dense_dir).sequences
@@ -387,7 +387,7 @@ def test_entropy_clipping_and_epochs_agree_across_layouts(ray_cluster, rank_pool
 def test_masked_tokens_are_not_trained_on(ray_cluster, rank_pool, tiny_dense_dir, tmp_path):
     """Tokens with loss mask 0 (tool results inserted into a multi-turn trajectory) change nothing: the same step
     whatever their old log-probs, unlike the step that trains on them; counts follow the mask."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     base = _sft_batch(tiny_dense_dir).sequences
     tokens = [s.prompt_ids + s.completion_ids for s in base]
@@ -420,7 +420,7 @@ def test_masked_tokens_are_not_trained_on(ray_cluster, rank_pool, tiny_dense_dir
 def test_a_grpo_mini_batch_without_signal_takes_no_step(ray_cluster, rank_pool, tiny_dense_dir):
     """Every advantage zero (each group's samples rewarded alike): no optimizer step, so Adam's momentum from the
     step before does not move the weights; a mini-batch with signal in the same call still steps."""
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     base = _sft_batch(tiny_dense_dir).sequences
     tokens = [s.prompt_ids + s.completion_ids for s in base][:4]

@@ -46,7 +46,7 @@ def rollout(ray_cluster, moe_dir):
 
 @pytest.fixture(scope="module")
 def ranks(ray_cluster, rank_pool, moe_dir):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     trainer = TrainerConfig(parallel=ParallelConfig(ep=2), loss="kimi", micro_batch_size=16,
                             moe=MoEConfig(routing_replay="rollout"))
@@ -152,9 +152,9 @@ def test_metrics_and_gap_under_replay(rollout, ranks):
 
 
 def test_the_loop_records_the_replay_figures_the_train_step_reports():
-    """What orchestrator/loop.py writes to metrics.jsonl from a train step under replay (the figures themselves:
-    test_metrics_and_gap_under_replay)."""
-    from orchestrator.loop import TRAIN_METRICS, replay_gaps
+    """What orchestrator/iteration/loop.py writes to metrics.jsonl from a train step under replay (the figures
+    themselves: test_metrics_and_gap_under_replay)."""
+    from orchestrator.iteration.loop import TRAIN_METRICS, replay_gaps
 
     step = {"behaviour_gap_replayed": 1e-3, "behaviour_gap_unreplayed": 2e-3, "replay_sequences_affected": 3,
             "replay_sequences_closer": 2, "replay_sequences_farther": 1, "routing_mismatch": 0.01,

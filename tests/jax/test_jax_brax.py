@@ -44,9 +44,9 @@ def test_brax_pendulum_config_solves_the_task(tmp_path):
     """configs/brax_pendulum.yaml as shipped: SAC reaches the solved return (950 of 1000) and keeps it."""
     import yaml
 
-    from orchestrator.config import parse_config
-    from orchestrator.jax_loop import run_jax
-    from orchestrator.rundir import RunDir
+    from orchestrator.config.schema import parse_config
+    from orchestrator.iteration.jax_loop import run_jax
+    from orchestrator.records.rundir import RunDir
 
     raw = yaml.safe_load((ROOT / "configs/brax_pendulum.yaml").read_text())
     cfg = parse_config({**raw, "run_dir": str(tmp_path / "run")})
@@ -67,9 +67,9 @@ def test_brax_hopper_config_learns_to_hop(tmp_path):
 
     import yaml
 
-    from orchestrator.config import parse_config
-    from orchestrator.jax_loop import run_jax
-    from orchestrator.rundir import RunDir
+    from orchestrator.config.schema import parse_config
+    from orchestrator.iteration.jax_loop import run_jax
+    from orchestrator.records.rundir import RunDir
     from trainer.jax.envs import make_env
 
     raw = yaml.safe_load((ROOT / "configs/brax_hopper.yaml").read_text())

@@ -21,14 +21,14 @@ VARIANTS = {
 
 
 def _cfg(name: str, run_dir, variant: str):
-    from orchestrator.config import parse_config
+    from orchestrator.config.schema import parse_config
 
     return parse_config({"name": name, "engine": "jax", "seed": 3, "iterations": 4, "save_every": 2,
                          "keep_checkpoints": 3, "run_dir": str(run_dir), "jax": VARIANTS[variant]})
 
 
 def _final_state(cfg, run):
-    from orchestrator.jax_loop import STATE_DIR
+    from orchestrator.iteration.jax_loop import STATE_DIR
     from trainer.jax.engine import Engine
 
     engine = Engine(cfg.jax, total_updates=cfg.iterations * cfg.jax.updates_per_iteration, seed=cfg.seed)
@@ -38,8 +38,8 @@ def _final_state(cfg, run):
 # Two seeds take both of the test process's host devices: the checkpoint gathers them, resume re-spreads them.
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def runs(request, tmp_path_factory):
-    from orchestrator.jax_loop import run_jax
-    from orchestrator.rundir import RunDir
+    from orchestrator.iteration.jax_loop import run_jax
+    from orchestrator.records.rundir import RunDir
 
     base = tmp_path_factory.mktemp("jaxruns")
     full = RunDir(base / "full")

@@ -132,9 +132,9 @@ def test_pendulum_sac_config_reaches_the_target_within_50k_steps(tmp_path):
     """configs/pendulum_sac.yaml as shipped: the mean training return reaches -250 within 50k env steps."""
     import yaml
 
-    from orchestrator.config import parse_config
-    from orchestrator.jax_loop import run_jax
-    from orchestrator.rundir import RunDir
+    from orchestrator.config.schema import parse_config
+    from orchestrator.iteration.jax_loop import run_jax
+    from orchestrator.records.rundir import RunDir
 
     raw = yaml.safe_load((ROOT / "configs/pendulum_sac.yaml").read_text())
     cfg = parse_config({**raw, "run_dir": str(tmp_path / "run")})

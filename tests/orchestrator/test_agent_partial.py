@@ -1,5 +1,5 @@
-"""Partial rollouts of multi-turn trajectories (orchestrator/agent_partial.py) on the guessing game, with the real
-Agent, runner, environment and chat template, and a scripted stand-in for the engines' sampling whose turn depends
+"""Partial rollouts of multi-turn trajectories (orchestrator/agents/agent_partial.py) on the guessing game, with the
+real Agent, runner, environment and chat template, and a scripted stand-in for the engines' sampling whose turn depends
 on the turn's seed only: trajectories set aside at turn boundaries come out token for token as the same
 trajectories sampled whole, each token with the version of the sampling that produced it, and continue the same
 after a pickle round trip (the checkpoint of a batch drawn ahead)."""
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from orchestrator.agent_partial import AgentGroup, draw_agent_partially
-from orchestrator.partial_rollouts import sampled_in
+from orchestrator.agents.agent_partial import AgentGroup, draw_agent_partially
+from orchestrator.agents.partial_rollouts import sampled_in
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
 
@@ -22,7 +22,7 @@ N = 2  # trajectories per prompt
 def agent(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from orchestrator.agent_rollout import Agent
+    from orchestrator.agents.agent_rollout import Agent
     from rollout.agent.config import AgentConfig
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
@@ -121,7 +121,7 @@ def test_segment_tokens_default_to_the_trajectory_budget_over_the_staleness():
 
 
 def test_partial_rollouts_take_environments_and_refuse_the_sandboxs_state():
-    from orchestrator.config import ConfigError, parse_config
+    from orchestrator.config.schema import ConfigError, parse_config
 
     base = {"name": "t", "iterations": 1, "task": {"name": "guess"}, "trainer": {"loss": "grpo"},
             "rollout": {"max_staleness": 2, "partial_rollout": True, "mismatch_correction": "tis"}}
@@ -134,7 +134,7 @@ def test_stop_strings_with_agents_are_refused_by_name():
     """The engine cuts a stop string out of a turn's text while the sampled tokens keep it: the tool parser and
     the template would read other text than the tokens trained on (a turn sampled `1=1=` with stop `=` came back
     as context `...1=1=1`). Refused at start-up."""
-    from orchestrator.config import ConfigError, parse_config
+    from orchestrator.config.schema import ConfigError, parse_config
 
     base = {"name": "t", "iterations": 1, "task": {"name": "guess"}, "agent": {"environment": "guess"}}
     assert parse_config(base).agent
@@ -144,11 +144,11 @@ def test_stop_strings_with_agents_are_refused_by_name():
 
 
 def test_a_batch_that_set_trajectories_aside_keeps_reading_what_it_sampled(agent):
-    """The batch drawn ahead is checked against the policy that sampled it (loop.check_behaviour reads its
+    """The batch drawn ahead is checked against the policy that sampled it (checks.BatchChecks.drawn_ahead reads its
     set-aside trajectories' tokens) while the engines draw the next batch, which continues those trajectories:
     the check must read the tokens the batch sampled, whole and unchanged, however far the next draw has got."""
-    from orchestrator.agent_rollout import Rollout
-    from orchestrator.scheduler import Drawn
+    from orchestrator.agents.agent_rollout import Rollout
+    from orchestrator.iteration.schedule import Drawn
 
     first = _draw(agent, [], problems(3), [], 11, 0)
     drawn = Drawn(1, first.problems, None, Rollout(first.samples, first.metrics), 0, 0.0, 0.0,

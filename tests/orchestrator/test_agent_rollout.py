@@ -1,4 +1,4 @@
-"""The `agent:` section's rollout (orchestrator/agent_rollout.py) on scripted turns: groups of n_samples
+"""The `agent:` section's rollout (orchestrator/agents/agent_rollout.py) on scripted turns: groups of n_samples
 trajectories per prompt, per-token versions, environments' own rewards, the split of rollout time, warm-start
 demonstrations laid out token for token as the rollouts lay out trajectories, and what it refuses by name."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from orchestrator.agent_rollout import Agent, env_columns, episode_rewards
-from orchestrator.config import ConfigError
+from orchestrator.agents.agent_rollout import Agent, env_columns, episode_rewards
+from orchestrator.config.schema import ConfigError
 from rollout.agent.config import AgentConfig
 from rollout.tasks import GuessTask, Problem
 from tests.rollout.rollout_helpers import scripted_generate
@@ -144,8 +144,8 @@ def test_long_replies_are_cut_tools_to_their_head_environments_to_first_line_and
 def test_eval_measures_the_agent_beside_the_single_completion(tokenizer):
     """The eval phase with an agent: the single completion (one guess, no feedback) and the agent's trajectories
     on the same held-out games, from engines that always answer 7."""
-    from orchestrator.config import EvalConfig
-    from orchestrator.evaluation import evaluate
+    from orchestrator.config.schema import EvalConfig
+    from orchestrator.iteration.evaluation import evaluate
     from rollout.config import RolloutConfig
     from rollout.samples import Sample, Samples
 

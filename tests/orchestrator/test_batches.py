@@ -1,5 +1,5 @@
 """Samples reach the trainer with their own reward, group and behaviour log-probs."""
-from orchestrator.batches import attach_reference_logprobs, samples_batch
+from orchestrator.iteration.batches import attach_reference_logprobs, samples_batch
 from rollout.samples import Sample, Samples
 from trainer.batch import TokenDistribution
 

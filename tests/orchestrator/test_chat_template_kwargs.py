@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from orchestrator.config import ConfigError, parse_config
+from orchestrator.config.schema import ConfigError, parse_config
 from rollout.tasks import GuessTask, Problem
 from rollout.tasks.jsonl import ShuffledProblems
 from tests.rollout.rollout_helpers import chatml_tokenizer, scripted_generate
@@ -62,10 +62,10 @@ def tokenizer():
 
 def _rendered_prompts(tokenizer, kwargs: dict) -> dict[str, list[str]]:
     """Every prompt the single-completion paths render, by path, decoded."""
-    from orchestrator.evaluation import held_out_problems
-    from orchestrator.logprob_check import probe_problems
-    from orchestrator.prompts import PromptRenderer, RenderedTask
-    from orchestrator.warmup import warm_start
+    from orchestrator.iteration.evaluation import held_out_problems
+    from orchestrator.iteration.logprob_check import probe_problems
+    from orchestrator.workers.prompts import PromptRenderer, RenderedTask
+    from orchestrator.iteration.warmup import warm_start
     from trainer.config import TrainerConfig
 
     task = RenderedTask(_ChatTask(), PromptRenderer(tokenizer, "auto", template_kwargs=kwargs))
@@ -86,7 +86,7 @@ def test_every_prompt_path_renders_with_the_kwargs(tokenizer):
 
 
 def _agent(tokenizer, kwargs: dict):
-    from orchestrator.agent_rollout import Agent
+    from orchestrator.agents.agent_rollout import Agent
     from rollout.agent.config import AgentConfig
 
     return Agent(AgentConfig(environment="guess", max_turns=4), tokenizer, THINKING, None, 8, None, "guess",
@@ -145,7 +145,7 @@ def test_every_argument_of_apply_chat_template_is_refused():
 
 
 def test_kwargs_without_a_template_are_refused(tokenizer):
-    from orchestrator.prompts import PromptRenderer
+    from orchestrator.workers.prompts import PromptRenderer
 
     with pytest.raises(ConfigError, match=r"model.chat_template_kwargs \(enable_thinking\) .* 'none'"):
         PromptRenderer(tokenizer, "none", template_kwargs=NO_THINKING)

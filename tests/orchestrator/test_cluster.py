@@ -1,6 +1,6 @@
 """`Cluster.shutdown` stops only what `connect` started or joined: a Ray connection someone else made in this
 process (a test session's cluster, a user's notebook) is left alone."""
-from orchestrator.cluster import connect
+from orchestrator.workers.cluster import connect
 
 
 def test_shutdown_leaves_a_connection_made_elsewhere_alone(ray_cluster):
@@ -17,7 +17,7 @@ def test_shutdown_leaves_a_connection_made_elsewhere_alone(ray_cluster):
 LOST_RAYLET = r"""
 import json, os, signal, sys, time
 sys.path.insert(0, {root!r})
-from orchestrator.cluster import connect
+from orchestrator.workers.cluster import connect
 from rollout.engine_proc import pids_alive
 import subprocess
 cluster = connect(None, "tide_test_lost", 1)
@@ -64,7 +64,7 @@ def test_only_tides_ended_ray_sessions_beyond_the_newest_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.cluster import SESSION_MARK, prune_sessions
+    from orchestrator.workers.cluster import SESSION_MARK, prune_sessions
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

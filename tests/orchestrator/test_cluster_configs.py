@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ckpt_transfer.convert import family
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
 from trainer.megatron.model import check_layout
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, load_config, parse_config
+from orchestrator.config.schema import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,8 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_cli_exits_2_before_starting_anything(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**_base(), "trainer": {"lr": -1}}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg),
+                           "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "trainer.lr" in proc.stderr and "greater than 0" in proc.stderr
@@ -81,7 +82,8 @@ def test_jax_section_needs_engine_jax():
 def test_cli_exits_2_on_jax_config_with_llm_section(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**_jax_base(), "rollout": {"n_samples": 4}}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg),
+                           "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "does not use the section(s) rollout" in proc.stderr
@@ -91,7 +93,7 @@ def test_cli_exits_2_on_jax_config_with_llm_section(tmp_path):
 def test_resolved_config_loads_back_unchanged(path):
     """`tide resume` reads the run directory's config.yaml: the dump of every shipped config must parse back
     to the same config (a JAX run's dump must not carry the LLM sections it would then refuse)."""
-    from orchestrator.config import dump_config
+    from orchestrator.config.schema import dump_config
 
     cfg = load_config(path)
     assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
@@ -274,7 +276,8 @@ def test_hub_ids_and_existing_directories_pass(tmp_path):
 def test_cli_exits_2_on_missing_model_path(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**_base(), "model": {"path": "/some/missing/dir"}}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg),
+                           "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "model.path" in proc.stderr and "/some/missing/dir" in proc.stderr
@@ -296,7 +299,7 @@ def test_prompt_limits_are_validated():
 
 
 def test_probe_runs_by_default_only_where_the_first_mini_batch_may_miss_an_engine():
-    from orchestrator.logprob_check import probe_due
+    from orchestrator.iteration.logprob_check import probe_due
     from rollout.config import RolloutConfig
 
     assert RolloutConfig(engines=1).probe_interval == 0  # every sample comes from the one engine
@@ -310,7 +313,7 @@ def test_probe_runs_by_default_only_where_the_first_mini_batch_may_miss_an_engin
 # --- did you mean, overrides, `tide config show`, docs/config.md, relative paths, --version ---------------------
 
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", *args], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
 
 
@@ -343,8 +346,8 @@ def test_unknown_key_names_the_tide_key(data, meant):
 
 def test_other_names_point_at_real_tide_keys():
     """Every TRL/veRL row of docs/config.md names a key tide has."""
-    from orchestrator.config import TideConfig, sections
-    from orchestrator.config_names import OTHER_NAMES
+    from orchestrator.config.schema import TideConfig, sections
+    from orchestrator.config.names import OTHER_NAMES
 
     keys = {f"{s}.{n}" if s else n for s, model in sections() for n in model.model_fields}
     assert TideConfig.model_fields  # sections() walks from TideConfig
@@ -355,14 +358,14 @@ def test_trl_names_are_grpo_config_fields():
     trl = pytest.importorskip("trl")
     from dataclasses import fields
 
-    from orchestrator.config_names import OTHER_NAMES
+    from orchestrator.config.names import OTHER_NAMES
 
     names = {f.name for f in fields(trl.GRPOConfig)}
     assert [o.name for o in OTHER_NAMES if o.source == "TRL" and o.name not in names] == []
 
 
 def test_overrides_set_typed_nested_and_indexed_keys(tmp_path):
-    from orchestrator.config import parse_overrides
+    from orchestrator.config.schema import parse_overrides
 
     args = ["trainer.lr=5e-4", "iterations=3", "trainer.shuffle_minibatches=false", 'rollout.stop=["\\n", "##"]',
             "trainer.kl.coef=0.05", "rewards.0.weight=0.5", "task.config.scale=1E-3", "logging.wandb.tags=[a]"]
@@ -389,7 +392,7 @@ def test_overrides_set_typed_nested_and_indexed_keys(tmp_path):
     ("trainer.lr=[1", "not valid YAML"),
 ])
 def test_bad_overrides_are_refused(tmp_path, arg, message):
-    from orchestrator.config import parse_overrides
+    from orchestrator.config.schema import parse_overrides
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(yaml.safe_dump({**_base(), "rewards": [{"fn": "exact"}]}))
@@ -411,8 +414,8 @@ def test_run_hands_the_overridden_config_to_the_run(tmp_path, monkeypatch):
     """What `tide run` starts (and writes to RUN_DIR/config.yaml, `dump_config` of it) carries the overrides."""
     from typer.testing import CliRunner
 
-    from orchestrator import cli
-    from orchestrator.config import dump_config
+    from orchestrator.run import cli
+    from orchestrator.config.schema import dump_config
 
     started = []
     monkeypatch.setattr(cli, "_execute", lambda cfg, run, resume: started.append(cfg))
@@ -427,7 +430,7 @@ def test_config_show_prints_the_resolved_config(tmp_path):
     path = ROOT / "configs" / "chat_dataset.yaml"
     proc = _cli("config", "show", str(path), "trainer.lr=5e-4", "iterations=3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    from orchestrator.config import dump_config
+    from orchestrator.config.schema import dump_config
 
     cfg = load_config(path, {"trainer.lr": 5e-4, "iterations": 3})
     assert proc.stdout == dump_config(cfg)
@@ -439,15 +442,15 @@ def test_config_show_prints_the_resolved_config(tmp_path):
 
 
 def test_docs_config_md_is_current():
-    from orchestrator.config_reference import REGENERATE, reference_markdown
+    from orchestrator.config.reference import REGENERATE, reference_markdown
 
     assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), (
         f"docs/config.md is out of date with the config models: regenerate it with `{REGENERATE}`")
 
 
 def test_reference_shows_types_defaults_and_descriptions():
-    from orchestrator.config import sections
-    from orchestrator.config_reference import reference_markdown, type_text
+    from orchestrator.config.schema import sections
+    from orchestrator.config.reference import reference_markdown, type_text
     from rollout.config import RolloutConfig
 
     text = reference_markdown()

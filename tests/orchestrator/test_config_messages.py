@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, dump_config, load_config, parse_config, parse_overrides
+from orchestrator.config.schema import ConfigError, dump_config, load_config, parse_config, parse_overrides
 
 
 def _load(tmp_path, data: dict, *overrides: str):
@@ -38,7 +38,7 @@ def test_gradient_accumulation_steps_is_answered_with_what_tide_does(tmp_path):
     """tide has no accumulation count: an optimizer step accumulates over all its samples' micro-batches, so the
     count follows from trainer.updates_per_iteration (and micro_batch_size); the hint says so, not `did you mean
     trainer.micro_batch_size`, which sets the micro-batch's size."""
-    from orchestrator.config_reference import reference_markdown
+    from orchestrator.config.reference import reference_markdown
 
     message = _error(tmp_path, {"gradient_accumulation_steps": 4})
     assert ("gradient_accumulation_steps: unknown field; did you mean trainer.updates_per_iteration (TRL's "

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, parse_config
-from orchestrator.evaluation import held_out_problems
-from orchestrator.prompts import PromptRenderer, RenderedTask
+from orchestrator.config.schema import ConfigError, parse_config
+from orchestrator.iteration.evaluation import held_out_problems
+from orchestrator.workers.prompts import PromptRenderer, RenderedTask
 from rollout.tasks import TaskDataError
 from rollout.tasks.dataset import DatasetTask
 
@@ -129,7 +129,8 @@ def test_cli_exits_2_naming_the_row_and_field(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"name": "t", "iterations": 1, "task": {"name": "dataset", "path": str(data),
                                                                           "prompt_field": "q"}}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg),
+                           "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{data}: row 2: field 'answer' is missing" in proc.stderr

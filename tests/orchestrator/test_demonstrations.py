@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, load_config, parse_config
-from orchestrator.warmup import check_demonstrations, written_conversations
+from orchestrator.config.schema import ConfigError, load_config, parse_config
+from orchestrator.iteration.warmup import check_demonstrations, written_conversations
 from rollout.tasks import TaskDataError, make_task
 
 TOOLS = '''
@@ -58,9 +58,9 @@ def _setup(tmp_path: Path, rows: list[dict], tools: list[str], data: str = "data
     built as a run builds them."""
     from transformers import AutoTokenizer
 
-    from orchestrator.agent_rollout import Agent
-    from orchestrator.prompts import PromptRenderer, RenderedTask
-    from orchestrator.model_source import resolve_model_dir
+    from orchestrator.agents.agent_rollout import Agent
+    from orchestrator.workers.prompts import PromptRenderer, RenderedTask
+    from orchestrator.config.model_source import resolve_model_dir
 
     (tmp_path / "tools.py").write_text(TOOLS)
     if data.endswith(".parquet"):
@@ -86,8 +86,8 @@ def _setup(tmp_path: Path, rows: list[dict], tools: list[str], data: str = "data
 
 def test_demonstrations_calling_a_tool_the_agent_lacks_stop_the_run_before_anything_starts(tmp_path):
     """The issue's run: multiply's demonstrations call `python`, the config's only tool is `calculator`."""
-    from orchestrator.rundir import RunDir
-    from orchestrator.session import Session
+    from orchestrator.records.rundir import RunDir
+    from orchestrator.iteration.session import Session
 
     (tmp_path / "tools.py").write_text(TOOLS)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({
@@ -213,7 +213,7 @@ def test_demonstrations_need_a_dataset_and_an_agent(tmp_path):
     (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "2*3=", "answer": "6", "demo": _demo(2, 3)}) + "\n")
     cfg = parse_config({"name": "t", "iterations": 1, "task": {"name": "dataset", "path": "data.jsonl",
                                                                   "demonstrations_field": "demo"}}, config_dir=tmp_path)
-    from orchestrator.prompts import RenderedTask
+    from orchestrator.workers.prompts import RenderedTask
 
     with pytest.raises(ConfigError, match=r"task.demonstrations_field: .* need an `agent:` section"):
         check_demonstrations(RenderedTask(make_task(cfg.task), None), cfg.trainer, cfg.seed, None)

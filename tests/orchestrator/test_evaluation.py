@@ -1,8 +1,8 @@
 """pass@k (Chen et al. 2021) against values computed by hand, and the eval section's validation."""
 import pytest
 
-from orchestrator.config import ConfigError, parse_config
-from orchestrator.evaluation import EVAL_STREAM, held_out_problems, pass_at_k
+from orchestrator.config.schema import ConfigError, parse_config
+from orchestrator.iteration.evaluation import EVAL_STREAM, held_out_problems, pass_at_k
 from rollout.tasks import AdditionTask
 
 

@@ -1,12 +1,13 @@
-"""`tide inspect` (orchestrator/inspect.py, inspect_plot.py) from synthetic timings whose overlap is known: shares
+"""`tide inspect` (orchestrator/run/inspect.py, inspect_plot.py) from synthetic timings whose overlap is known: shares
 of the wall time that add to 100% with and without a batch drawn ahead, the overlapped seconds computed by hand,
 sessions of a resumed run, and the PNG of a 100-iteration asynchronous run."""
 import json
 
 import pytest
 
-from orchestrator.inspect import inspect_run, phase_table
-from orchestrator.rundir import RunDir
+from orchestrator.run.inspect import inspect_run
+from orchestrator.run.wall_time import phase_table
+from orchestrator.records.rundir import RunDir
 
 
 def rec(it, phase, start, end):
@@ -63,8 +64,8 @@ def test_a_batch_drawn_ahead_is_overlap_and_the_shares_still_add_to_the_wall_tim
 
 
 def test_the_overlap_by_phase_and_by_iteration():
-    from orchestrator.inspect import per_iteration, wall_time
-    from orchestrator.inspect_plot import beside_background
+    from orchestrator.run.wall_time import per_iteration, wall_time
+    from orchestrator.run.inspect_plot import beside_background
 
     split = wall_time(async_timings())
     assert split.wall == pytest.approx(23) and split.overlapped == pytest.approx(6.1)
@@ -83,7 +84,7 @@ def test_the_overlap_by_phase_and_by_iteration():
 
 
 def test_a_resumed_run_counts_each_sessions_wall_time_and_not_its_start_up_as_an_iteration():
-    from orchestrator.inspect import idle_shares, iteration_ends, per_iteration, wall_time
+    from orchestrator.run.wall_time import idle_shares, iteration_ends, per_iteration, wall_time
 
     first = [rec(0, "startup/ray", 0, 1), rec(1, "rollout", 2, 3), rec(1, "train", 3, 4), rec(1, "checkpoint", 4, 4.5)]
     # resumed from iteration 1 at t=100: its start-up is recorded under iteration 1
@@ -137,7 +138,7 @@ def hundred_async_iterations() -> list[dict]:
 def test_inspect_of_a_100_iteration_asynchronous_run(tmp_path):
     from rich.console import Console
 
-    from orchestrator.inspect_plot import run_figure
+    from orchestrator.run.inspect_plot import run_figure
 
     metrics = [{"iteration": i, "reward_mean": i / 200, "accuracy": i / 200, "loss": 0.01, "entropy": 1.0,
                 "completion_len": 3.0, "completion_len_min": 1, "completion_len_max": 4, "clipped_ratio": 0.1}

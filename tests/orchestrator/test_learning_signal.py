@@ -1,7 +1,7 @@
-"""The no-learning-signal warning (orchestrator/learning_signal.py), on batches built by hand."""
+"""The no-learning-signal warning (orchestrator/iteration/learning_signal.py), on batches built by hand."""
 from __future__ import annotations
 
-from orchestrator.learning_signal import SignalWatch, has_spread
+from orchestrator.iteration.learning_signal import SignalWatch, has_spread
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
 

@@ -1,11 +1,11 @@
-"""The log-prob checks' arithmetic (orchestrator/logprob_check.py), on a trainer that answers the engines' own
+"""The log-prob checks' arithmetic (orchestrator/iteration/logprob_check.py), on a trainer that answers the engines' own
 log-probs shifted by a known amount per sequence: the mean over the tokens the engines sampled, every sample
 counted, inserted tokens left out."""
 from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.logprob_check import agent_logprob_gap, behaviour_gap
+from orchestrator.iteration.logprob_check import agent_logprob_gap, behaviour_gap
 from rollout.samples import Sample, Samples
 from trainer.batch import TokenDistribution
 

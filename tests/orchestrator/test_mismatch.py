@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from orchestrator.mismatch import MismatchCorrection, use_trainer_old_logprobs
+from orchestrator.iteration.mismatch import MismatchCorrection, use_trainer_old_logprobs
 from trainer.batch import TrainBatch, TrainSequence
 
 E05, EM15 = math.exp(0.5), math.exp(-1.5)

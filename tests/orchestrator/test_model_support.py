@@ -36,7 +36,7 @@ def _run(tmp_path: Path, model_dir: Path, *overrides: str) -> subprocess.Complet
     cfg.write_text(yaml.safe_dump({"name": "m", "iterations": 1, "model": {"path": str(model_dir)},
                                    "task": {"name": "addition", "max_digits": 1},
                                    "rollout": {"max_new_tokens": 4, "max_prompt_tokens": 64}}))
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir",
+    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg), "--run-dir",
                            str(tmp_path / "run"), *overrides], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -124,8 +124,8 @@ def test_rope_field_is_named_as_the_file_names_it(tmp_path, fields, named):
 def test_every_unsupported_field_is_listed_at_once(tmp_path):
     """Three refused fields: one message naming the three (the run exits 2 with it: ConfigError), not the first
     of three runs."""
-    from orchestrator.config import ConfigError, parse_config
-    from orchestrator.session import _check_model_supported
+    from orchestrator.config.schema import ConfigError, parse_config
+    from orchestrator.iteration.session import _check_model_supported
 
     model = _config_dir(tmp_path, hidden_act="gelu", mlp_bias=True,
                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})

@@ -20,10 +20,10 @@ def _block(language: str, marker: str) -> str:
 def test_the_own_tool_example_runs_as_written(tmp_path, monkeypatch, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from orchestrator.agent_rollout import Agent
-    from orchestrator.config import load_config
-    from orchestrator.prompts import PromptRenderer, RenderedTask
-    from orchestrator.warmup import check_demonstrations, written_conversations
+    from orchestrator.agents.agent_rollout import Agent
+    from orchestrator.config.schema import load_config
+    from orchestrator.workers.prompts import PromptRenderer, RenderedTask
+    from orchestrator.iteration.warmup import check_demonstrations, written_conversations
     from rollout.tasks import Problem, make_task
     from tests.rollout.rollout_helpers import scripted_generate
 

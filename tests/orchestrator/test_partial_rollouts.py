@@ -1,13 +1,13 @@
-"""Partial rollouts (orchestrator/partial_rollouts.py) against a stand-in engine whose generations have known
+"""Partial rollouts (orchestrator/agents/partial_rollouts.py) against a stand-in engine whose generations have known
 lengths: segments, versions, the requests' token ids, groups, seeds, the staleness bound and its metrics."""
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.agent_rollout import Rollout
-from orchestrator.partial_rollouts import (mask_stale, request_seed, sample_partially, sampled_in,
+from orchestrator.agents.agent_rollout import Rollout
+from orchestrator.agents.partial_rollouts import (mask_stale, request_seed, sample_partially, sampled_in,
                                            token_staleness)
-from orchestrator.scheduler import Drawn, RolloutScheduler
+from orchestrator.iteration.schedule import Drawn, RolloutScheduler
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
 

@@ -3,8 +3,8 @@ node, engine k and rollout node agent k in the same bundle, the source agent bes
 the cluster cannot hold refused by name instead of waiting forever."""
 import pytest
 
-from orchestrator import placement as placement_module
-from orchestrator.placement import Placement, split_cpus
+from orchestrator.workers import placement as placement_module
+from orchestrator.workers.placement import Placement, split_cpus
 from rollout.config import RolloutConfig
 from trainer.config import ParallelConfig, TrainerConfig
 

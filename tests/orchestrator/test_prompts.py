@@ -2,7 +2,7 @@
 and used to end completions, and over-long prompts skipped or truncated and counted."""
 import pytest
 
-from orchestrator.prompts import PromptRenderer, RenderedTask
+from orchestrator.workers.prompts import PromptRenderer, RenderedTask
 from rollout.tasks import Problem
 
 BOS, EOT, EOS = "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"

@@ -7,7 +7,7 @@ import errno
 
 from ray.exceptions import RayTaskError
 
-from orchestrator.session import shm_full_error
+from orchestrator.iteration.session import shm_full_error
 
 
 def test_a_rank_out_of_space_is_named_with_the_publish_root(tmp_path):

@@ -13,8 +13,8 @@ def _blocks(language: str) -> list[str]:
 
 
 def test_the_walkthrough_starts_as_pasted(tmp_path):
-    from orchestrator.config import load_config
-    from orchestrator.reward_functions import RewardBatch, RewardFunctions
+    from orchestrator.config.schema import load_config
+    from orchestrator.rewards.functions import RewardBatch, RewardFunctions
     from rollout.tasks import make_task
 
     (script,) = [b for b in _blocks("bash") if "my_task/train.jsonl" in b]

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.reward_functions import (RewardBatch, RewardFunctionError, RewardFunctions, RewardSpec, TrainerState,
+from orchestrator.rewards.functions import (RewardBatch, RewardFunctionError, RewardFunctions, RewardSpec, TrainerState,
                                            load_reward_function)
 
 USER_MODULE = '''
@@ -226,7 +226,8 @@ def test_cli_exits_2_naming_a_function_that_cannot_take_the_call(user_dir, tmp_p
                                    "task": {"name": "dataset", "path": str(data), "prompt_field": "messages"},
                                    "rollout": {"max_prompt_tokens": 64, "max_new_tokens": 8},
                                    "rewards": [{"fn": f"{user_dir / 'my_rewards.py'}:no_kwargs"}]}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(cfg), "--run-dir", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg),
+                           "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=300, cwd=root,
                           env={**__import__("os").environ, "TIDE_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -315,7 +316,7 @@ def test_verl_compute_score_by_hand(user_module):
 
 
 def test_verl_style_detection_and_refusals(user_module):
-    from orchestrator.reward_functions import call_style
+    from orchestrator.rewards.functions import call_style
 
     for fn, style, expected in [("verl_rewards:compute_score", "auto", "verl"),
                                 ("verl_rewards:echo_style", "trl", "trl"), (f"{user_module}:parity", "auto", "trl"),
@@ -338,7 +339,7 @@ def test_verl_ground_truth_is_the_nested_answer_of_a_dataset_row(user_module, tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from orchestrator.rewards import reward_columns, reward_phase
+    from orchestrator.rewards.phase import reward_columns, reward_phase
     from rollout.samples import Sample, Samples
     from rollout.tasks.dataset import DatasetTask
 
@@ -365,8 +366,8 @@ def test_verl_ground_truth_is_the_nested_answer_of_a_dataset_row(user_module, tm
 
 
 def test_reward_phase_leaves_skipped_samples_out_of_training(user_module):
-    from orchestrator.batches import samples_batch
-    from orchestrator.rewards import reward_phase
+    from orchestrator.iteration.batches import samples_batch
+    from orchestrator.rewards.phase import reward_phase
     from rollout.samples import Sample, Samples
     from rollout.tasks import AdditionTask, Problem
     from trainer.batch import TokenDistribution
@@ -409,7 +410,7 @@ def test_length_reward_shapes_the_other_rewards_by_hand():
 def test_a_raising_function_is_an_input_error_reported_with_its_own_traceback(user_module, tmp_path):
     """Its traceback comes from the worker process it ran in: the console shows it after the reason, and
     RUN_DIR/error.log holds it with tide's; exit 2, which --max-restarts never retries."""
-    from orchestrator.failures import console_report, exit_code, write_error_log
+    from orchestrator.run.failures import console_report, exit_code, write_error_log
 
     with pytest.raises(RewardFunctionError) as raised:
         _score([RewardSpec(fn=f"{user_module}:boom")], ["p"] * 3, COMPLETIONS, COLUMNS)

@@ -7,7 +7,7 @@ import threading
 
 import ray
 
-from orchestrator.rollout_group import RolloutGroup
+from orchestrator.workers.rollout_group import RolloutGroup
 from rollout.config import EngineConfig
 from rollout.in_flight import InFlight
 from rollout.samples import Sample, Samples

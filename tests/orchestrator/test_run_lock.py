@@ -1,5 +1,5 @@
-"""One live run per run directory (orchestrator/run_lock.py): a second taker is refused with the holder's pid while
-the holder lives, the directory is free again once it ends however it ends, and the attempts a supervisor starts
+"""One live run per run directory (orchestrator/records/run_lock.py): a second taker is refused with the holder's pid
+while the holder lives, the directory is free again once it ends however it ends, and the attempts a supervisor starts
 share its hold; `tide run` and `tide resume` on a held directory exit 2 before anything starts."""
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.rundir import RunDir
-from orchestrator.run_lock import INHERITED_ENV, RunDirBusy, hold_run_dir
-from orchestrator.supervisor import Supervisor
+from orchestrator.records.rundir import RunDir
+from orchestrator.records.run_lock import INHERITED_ENV, RunDirBusy, hold_run_dir
+from orchestrator.run.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from orchestrator.run_lock import hold_run_dir
+    from orchestrator.records.run_lock import hold_run_dir
     hold_run_dir({run!r})
     print("held", flush=True)
     time.sleep(600)
@@ -56,7 +56,7 @@ def test_the_cli_refuses_a_held_run_directory_before_starting_anything(tmp_path)
     proc = _holder(run_dir)
     try:
         for args in (["run", str(config), "--run-dir", str(run_dir)], ["resume", str(run_dir)]):
-            out = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+            out = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", *args], capture_output=True, text=True,
                                  cwd=ROOT, timeout=120)
             assert out.returncode == 2, out.stderr
             assert f"{run_dir} is in use by a live run (pid {proc.pid})" in out.stderr
@@ -73,7 +73,7 @@ def test_a_supervisors_attempts_share_its_hold(tmp_path):
     script = tmp_path / "attempt.py"
     # an attempt takes the directory as a driver does: through the descriptor it inherited, not a second lock
     script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                      f"from orchestrator.run_lock import hold_run_dir\n"
+                      f"from orchestrator.records.run_lock import hold_run_dir\n"
                       f"assert hold_run_dir({str(run.path)!r}) == {fd}\n")
     assert Supervisor(run.path, 0, 0.0, driver=(sys.executable, str(script)), lock_fd=fd).run([]) == 0
     os.environ[INHERITED_ENV] = str(fd + 1000)  # a stale or foreign number is not taken for the lock

@@ -1,6 +1,6 @@
 import json
 
-from orchestrator.rundir import RunDir
+from orchestrator.records.rundir import RunDir
 
 
 def test_phase_records_and_truncate(tmp_path):
@@ -47,7 +47,7 @@ def test_logprob_gap_guard_names_the_limit():
 
     import pytest
 
-    from orchestrator.logprob_check import LogprobGapError, check_logprob_gap
+    from orchestrator.iteration.logprob_check import LogprobGapError, check_logprob_gap
 
     check_logprob_gap(3, 5e-5, 1e-4)
     with pytest.raises(LogprobGapError, match=r"iteration 3: .* differ by 0.002 .*max_logprob_gap = 0.0001"):
@@ -133,7 +133,7 @@ def test_status_says_how_the_run_ended(tmp_path):
     run.end_status()
     assert (run.status()["state"], run.status()["phase"]) == ("finished", "finished")
     # a driver that died without a word (SIGKILL): its status still says running, its pid is gone
-    code = ("import sys; from orchestrator.rundir import RunDir; RunDir(sys.argv[1]).set_status(iteration=2, "
+    code = ("import sys; from orchestrator.records.rundir import RunDir; RunDir(sys.argv[1]).set_status(iteration=2, "
             "phase='rollout')")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "k")], check=True, cwd=os.getcwd())
     status = RunDir(tmp_path / "k").status()
@@ -155,7 +155,7 @@ def test_a_run_stopped_by_its_input_leaves_no_directory(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"name": "bad", "iterations": 1,
                                       "task": {"name": "dataset", "path": "rows.jsonl"}}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(config), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(config), "--run-dir",
                            str(tmp_path / "new")], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2 and "row 2" in proc.stderr and "'answer'" in proc.stderr, proc.stderr
@@ -163,12 +163,12 @@ def test_a_run_stopped_by_its_input_leaves_no_directory(tmp_path):
 
 
 def test_a_broken_run_says_why_and_a_directory_it_did_not_make_stays(tmp_path, monkeypatch):
-    """How `tide run` / `tide resume` end a run (orchestrator.cli._execute): a failure after start-up leaves
+    """How `tide run` / `tide resume` end a run (orchestrator.run.cli._execute): a failure after start-up leaves
     status.json `failed` with the error and the phase it happened in; an input error in a directory that existed
     before leaves that directory, saying so; a finished run reads `finished`."""
     import pytest
 
-    from orchestrator import cli
+    from orchestrator.run import cli
     from rollout.tasks import TaskDataError
 
     def broken(cfg, run, resume):
@@ -200,7 +200,7 @@ def test_a_broken_run_says_why_and_a_directory_it_did_not_make_stays(tmp_path, m
 def test_idle_shares_count_each_roles_overlapping_phases_once():
     import pytest
 
-    from orchestrator.inspect import idle_shares
+    from orchestrator.run.wall_time import idle_shares
 
     def rec(it, phase, start, seconds):
         return {"iteration": it, "phase": phase, "start": start, "seconds": seconds}

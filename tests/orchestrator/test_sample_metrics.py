@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from orchestrator.sample_metrics import sample_metrics, sample_records
+from orchestrator.iteration.sample_metrics import sample_metrics, sample_records
 from rollout.samples import Sample, Samples
 from rollout.tasks import Problem
 

@@ -1,13 +1,13 @@
-"""The rollout schedule (orchestrator/scheduler.py): which policy version samples each iteration's batch, that a
-batch drawn ahead is finished before the engines' weights change, and that it survives a checkpoint."""
+"""The rollout schedule (orchestrator/iteration/schedule.py): which policy version samples each iteration's batch, that
+a batch drawn ahead is finished before the engines' weights change, and that it survives a checkpoint."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from orchestrator.agent_rollout import Rollout
-from orchestrator.scheduler import Drawn, RolloutScheduler
+from orchestrator.agents.agent_rollout import Rollout
+from orchestrator.iteration.schedule import Drawn, RolloutScheduler
 
 
 class Engines:

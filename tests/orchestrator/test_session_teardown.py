@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.cluster import Cluster
-from orchestrator.rundir import RunDir
-from orchestrator.session import RaySideStops, Session
+from orchestrator.workers.cluster import Cluster
+from orchestrator.records.rundir import RunDir
+from orchestrator.iteration.session import RaySideStops, Session
 
 WITHOUT_RAY = ["shared memory removed", "cluster abandoned", "sandbox stopped"]
 WITH_RAY = ["asked Ray", "sandbox stopped"]

@@ -1,4 +1,4 @@
-"""The restart policy of `--max-restarts` (orchestrator/supervisor.py) on drivers that end as planned: which exits
+"""The restart policy of `--max-restarts` (orchestrator/run/supervisor.py) on drivers that end as planned: which exits
 are retried, the budget, the doubling backoff, what status.json and restarts.jsonl say, an interrupt while waiting.
 The real driver dying of a killed trainer rank: tests/integration/test_loop.py."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.rundir import RunDir
-from orchestrator.supervisor import Supervisor, retried
+from orchestrator.records.rundir import RunDir
+from orchestrator.run.supervisor import Supervisor, retried
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = r"""
 import json, os, signal, sys
 sys.path.insert(0, {root!r})
-from orchestrator.rundir import RunDir
+from orchestrator.records.rundir import RunDir
 run_dir, plan = sys.argv[1], json.loads(sys.argv[2])
 argv = sys.argv[3:]
 log = os.path.join(run_dir, "attempts.jsonl")

@@ -53,7 +53,7 @@ def test_jsonl_epochs_follow_the_seeded_shuffle(tmp_path):
 
 
 def test_reasoning_gym_problems_and_its_own_scorer():
-    from orchestrator.config import ConfigError, parse_config
+    from orchestrator.config.schema import ConfigError, parse_config
     from rollout.config import TaskConfig
     from rollout.tasks import make_task
 

@@ -140,9 +140,9 @@ def run_trl(recorder_module, tokenizer, work, monkeypatch) -> tuple[list[dict], 
 def run_tide(recorder_module, tokenizer, work, monkeypatch, trl_call: dict):
     """The same rows as a .jsonl dataset, rendered with a system prompt; samples in TRL's order with TRL's
     decoded texts and token ids; scored by tide's reward phase."""
-    from orchestrator.prompts import PromptRenderer, RenderedTask
-    from orchestrator.reward_functions import RewardFunctions, RewardSpec, TrainerState
-    from orchestrator.rewards import reward_columns, reward_phase
+    from orchestrator.workers.prompts import PromptRenderer, RenderedTask
+    from orchestrator.rewards.functions import RewardFunctions, RewardSpec, TrainerState
+    from orchestrator.rewards.phase import reward_columns, reward_phase
     from rollout.samples import Sample, Samples
     from rollout.tasks.dataset import DatasetTask
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigError, parse_config
-from orchestrator.rundir import PhaseRecord, RunDir
-from orchestrator.wandb_log import WandbConfig, WandbLog
+from orchestrator.config.schema import ConfigError, parse_config
+from orchestrator.records.rundir import PhaseRecord, RunDir
+from orchestrator.records.wandb_log import WandbConfig, WandbLog
 
 pytest.importorskip("wandb")  # the dev extra installs it
 

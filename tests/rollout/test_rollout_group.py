@@ -11,7 +11,7 @@ import pytest
 import ray
 from rollout_helpers import max_abs_diff, perturb, publish_like
 
-from orchestrator.rollout_group import RolloutGroup
+from orchestrator.workers.rollout_group import RolloutGroup
 from rollout.config import EngineConfig
 from rollout.engine_proc import wait_gone
 from rollout.tasks import AdditionTask

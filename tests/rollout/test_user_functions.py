@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import dump_config, load_config
+from orchestrator.config.schema import dump_config, load_config
 from rollout.agent import load_tool
 
 CALC = '''
@@ -83,7 +83,7 @@ def test_a_tool_is_found_beside_the_config_and_again_on_resume_from_elsewhere(pr
 
 def test_a_reward_function_is_found_as_a_tool_is_in_its_worker_process(project, tmp_path, monkeypatch,
                                                                        fresh_imports):
-    from orchestrator.reward_functions import RewardFunctions
+    from orchestrator.rewards.functions import RewardFunctions
 
     cfg = load_config(_config(project, rewards=[{"fn": "calc_tools:score"}]))
     assert cfg.rewards[0].fn == f"{project}/my_task/calc_tools:score"

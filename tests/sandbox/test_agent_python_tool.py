@@ -80,7 +80,7 @@ def test_the_trl_benchmarks_python_tool_is_tides_own_and_its_harness_failures_re
 
     from transformers import AutoTokenizer
 
-    from orchestrator.agent_rollout import Agent
+    from orchestrator.agents.agent_rollout import Agent
     from rollout.agent.config import AgentConfig
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))

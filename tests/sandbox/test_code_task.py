@@ -52,7 +52,7 @@ def test_extract_code():
 def test_code_as_a_reward_function(service, monkeypatch):
     """`rewards: [{fn: code}]`: a `tests` column (with `language`), or the JSON spec in `answer`; a problem with
     neither is not applicable (None); the same sandbox verdicts as the task's scorer."""
-    from orchestrator.reward_functions import RewardFunctions, RewardSpec
+    from orchestrator.rewards.functions import RewardFunctions, RewardSpec
 
     monkeypatch.setenv("TIDE_SANDBOX_TOKEN", "test-token")  # read by the (spawned) reward worker
     spec = json.dumps({"language": "python", "tests": ["assert f(2) == 4", "assert f(0) == 0"]})
@@ -74,7 +74,7 @@ def test_code_as_a_reward_function(service, monkeypatch):
 def test_code_reward_judges_stdin_stdout_cases(service, monkeypatch):
     """`cases` (and `checker`) columns or a JSON spec with cases: the sandbox's judge mode, the share of cases
     accepted; CodeContests' {"input": [...], "output": [...]} as it comes."""
-    from orchestrator.reward_functions import RewardFunctions, RewardSpec
+    from orchestrator.rewards.functions import RewardFunctions, RewardSpec
 
     monkeypatch.setenv("TIDE_SANDBOX_TOKEN", "test-token")
     cases = [{"stdin": "1 2\n", "expected_stdout": "3\n"}, {"input": "2 2\n", "output": "4\n"}]

@@ -1,6 +1,6 @@
 """bench_common.sft_steps, the TRL sides' warm start, ends where tide's does: on trainer.warmup_sft_stop_loss's rule
-(orchestrator/warmup.py: the mean loss of the last 10 steps at most the bound, never before 10 steps), else after
-all its steps."""
+(orchestrator/iteration/warmup.py: the mean loss of the last 10 steps at most the bound, never before 10 steps), else
+after all its steps."""
 import sys
 from pathlib import Path
 from types import SimpleNamespace

@@ -45,7 +45,7 @@ def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp
     assert sum(m["optimizer_steps"] for m in metrics[first_restart:]) > 0
     first = doc["restarts"][0]["from_iteration"]
     assert all("restarts" not in m for m in metrics[:first]) and metrics[-1]["restarts"] == 1
-    shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "inspect", str(run_dir), "--no-plot"],
+    shown = subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "inspect", str(run_dir), "--no-plot"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "status: finished" in shown.stdout and f"restart 1: from iteration {first} after exit 1" in shown.stdout
 

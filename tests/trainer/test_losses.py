@@ -503,7 +503,7 @@ def _expected_kl_term_gradient(theta, ref_logits, behaviour_logits, sampled: Tok
     """E over y ~ the behaviour's sampled distribution of the gradient of policy_loss's KL term on the one token y
     (zero advantage: the surrogate adds nothing), summed exactly over the vocabulary. Without `old_logits` the batch
     carries the behaviour's log-probs as pi_old (no correction); with them, pi_old is that policy's (recomputed by
-    the trainer) and each token's is_weight min(pi_old / pi_b, tis_cap), as orchestrator/mismatch.py's tis."""
+    the trainer) and each token's is_weight min(pi_old / pi_b, tis_cap), as orchestrator/iteration/mismatch.py's tis."""
     from trainer.sampling import kl_distribution, truncate_logits
 
     kl_dist = kl_distribution(sampled)

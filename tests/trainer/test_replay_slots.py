@@ -114,8 +114,8 @@ def test_engines_of_moe_models_load_through_the_recorder_and_the_v1_runner(tmp_p
 
 
 def test_routing_replay_on_a_dense_model_is_a_config_error(tiny_model_dir):
-    from orchestrator.config import ConfigError
-    from orchestrator.trainer_group import check_routing_replay
+    from orchestrator.config.schema import ConfigError
+    from orchestrator.workers.trainer_group import check_routing_replay
     from trainer.config import MoEConfig, TrainerConfig, TrainerSpec
 
     spec = TrainerSpec(hf_dir=str(tiny_model_dir), trainer=TrainerConfig(moe=MoEConfig(routing_replay="rollout")))

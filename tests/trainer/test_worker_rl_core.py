@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.mismatch import MismatchCorrection, use_trainer_old_logprobs
+from orchestrator.iteration.mismatch import MismatchCorrection, use_trainer_old_logprobs
 from trainer.batch import LoglinearProximal, TrainBatch, TrainSequence
 from trainer.config import KLConfig, ParallelConfig, TrainerConfig, TrainerSpec
 
@@ -30,7 +30,7 @@ def _copy(s: TrainSequence, **fields) -> TrainSequence:
 
 
 def _group(rank_pool, model_dir, **trainer):
-    from orchestrator.trainer_group import TrainerGroup
+    from orchestrator.workers.trainer_group import TrainerGroup
 
     return TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(loss="grpo", micro_batch_size=8,
                                                                                   **trainer)), pool=rank_pool)

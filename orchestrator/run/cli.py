@@ -1,0 +1,254 @@
+"""`tide run CONFIG [key.path=value ...]`, `tide resume RUN_DIR` (either with --max-restarts N), `tide inspect
+RUN_DIR`, `tide export RUN_DIR OUT`, `tide config show CONFIG [key.path=value ...]`, `tide config reference`,
+`tide --version`."""
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.config.schema import ConfigError, TideConfig, dump_config, load_config, parse_overrides
+from orchestrator.records.rundir import RunDir
+from rollout.tasks import TaskDataError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine.")
+config_app = typer.Typer(no_args_is_help=True, help="Print a resolved config, or the reference of every key.")
+app.add_typer(config_app, name="config")
+
+OVERRIDES_HELP = ("key.path=value settings applied on top of the file, values read as YAML: trainer.lr=5e-4 "
+                  "iterations=3 'rollout.stop=[\"\\n\"]' rewards.0.weight=0.5")
+
+
+def _fail(msg: str, code: int) -> None:
+    typer.echo(msg, err=True)
+    raise typer.Exit(code)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tide {version('tide')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                           help="Print tide's version and exit.")) -> None:
+    """tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine."""
+
+
+def _load(config: Path, overrides: list[str] | None) -> TideConfig:
+    """The config file with its overrides, or exit 2 naming what is wrong."""
+    try:
+        return load_config(config, parse_overrides(overrides or []))
+    except ConfigError as e:
+        _fail(str(e), 2)
+
+
+def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
+    """Run (or resume) and record how it ended in status.json. A run that stops on its input before anything
+    ran (a bad row, a reward function that cannot be imported: exit 2) leaves no directory behind when it made
+    it; any other failure leaves status.json saying `failed` and why (its traceback: `_guarded`)."""
+    try:
+        _drive(cfg, run, resume)
+    except BaseException as e:
+        if (isinstance(e, (ConfigError, TaskDataError)) and run.created and not run.metrics()
+                and run.latest_checkpoint() is None):
+            shutil.rmtree(run.path, ignore_errors=True)
+        else:
+            run.end_status(e)
+        raise
+    run.end_status()
+
+
+def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
+    try:
+        if cfg.logging.wandb is not None:
+            from orchestrator.records.wandb_log import WandbLog
+
+            run.attach(WandbLog(run.path, cfg.logging.wandb, cfg.name, cfg.model_dump(mode="json")))
+        if cfg.engine == "jax":
+            from orchestrator.iteration.jax_loop import run_jax
+
+            run.config_file.write_text(dump_config(cfg))
+            run_jax(cfg, run, resume)
+            return
+        from rollout.engine_proc import gc_paused
+
+        with gc_paused():
+            from transformers import AutoTokenizer  # noqa: F401  (Session.open's; most of the driver's imports)
+
+            from orchestrator.iteration.loop import run_iterations
+            from orchestrator.iteration.session import Session
+
+        session, interrupted = Session.open(cfg, run, resume), False
+        try:
+            run_iterations(session)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            session.close(interrupted)
+    finally:
+        run.close()
+
+
+MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="restart the run from its newest checkpoint after "
+                            "up to N faults (a trainer rank, an engine that cannot be replaced or the Ray head "
+                            "dying: exit 1 or a signal); config and data errors are never retried")
+RESTART_BACKOFF = typer.Option(10.0, "--restart-backoff", min=0, help="seconds before the first restart, doubling "
+                               "with each further one")
+
+
+def _held(run: RunDir) -> RunDir:
+    """`run` taken for this process, or exit 2 when another live run has it (orchestrator/records/run_lock.py)."""
+    from orchestrator.records.run_lock import RunDirBusy
+
+    try:
+        run.hold()
+    except RunDirBusy as e:
+        _fail(str(e), 2)
+    return run
+
+
+def _supervised(run: RunDir, argv: list[str], max_restarts: int, backoff_s: float) -> None:
+    from orchestrator.run.supervisor import Supervisor
+
+    raise typer.Exit(Supervisor(run.path, max_restarts, backoff_s, lock_fd=run.lock_fd).run(argv))
+
+
+@app.command()
+def run(config: Path = typer.Argument(..., help="YAML config"),
+        overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name> (relative to the "
+                                               "working directory)"),
+        max_restarts: int = MAX_RESTARTS, restart_backoff: float = RESTART_BACKOFF) -> None:
+    """Start a run from a YAML config. Relative paths in it resolve against its directory; RUN_DIR/config.yaml
+    records the resolved config, overrides included."""
+    cfg = _load(config, overrides)
+    path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
+    run = _held(RunDir(path))
+    if run.latest_checkpoint() is not None:
+        _fail(f"{path} already holds a run with checkpoints: `tide resume {path}` continues it, "
+              f"or choose another --run-dir", 2)
+    if max_restarts:
+        _supervised(run, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
+                    restart_backoff)
+    _guarded(lambda: _execute(cfg, run, resume=False), run)
+
+
+@app.command()
+def resume(run_dir: Path = typer.Argument(..., help="a run directory written by `tide run`"),
+           iterations: Optional[int] = typer.Option(None, "--iterations", help="extend (or shorten) the run to N "
+                                                    "iterations; the resolved config records the new length"),
+           max_restarts: int = MAX_RESTARTS, restart_backoff: float = RESTART_BACKOFF) -> None:
+    """Continue a killed or finished run from its newest complete checkpoint.
+
+    With --iterations N a finished run goes on to iteration N, exactly as a run started with N iterations
+    would have (learning-rate schedules that decay over the run are stretched to the new length, so with
+    those only the iterations up to the checkpoint are shared)."""
+    if not (run_dir / "config.yaml").is_file():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
+    overrides = None
+    if iterations is not None:
+        done = RunDir(run_dir).latest_checkpoint()
+        at = RunDir.read_run_state(done)["iteration"] if done else 0
+        if iterations <= at:
+            _fail(f"--iterations {iterations}: {run_dir} already has a checkpoint at iteration {at}", 2)
+        overrides = {"iterations": iterations}
+    try:
+        cfg = load_config(run_dir / "config.yaml", overrides)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    run = _held(RunDir(run_dir))
+    if max_restarts:
+        _supervised(run, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
+                    max_restarts, restart_backoff)
+    _guarded(lambda: _execute(cfg, run, resume=True), run)
+
+
+@app.command()
+def inspect(run_dir: Path = typer.Argument(..., help="a run directory"),
+            plot: bool = typer.Option(True, help="write RUN_DIR/timings.png")) -> None:
+    """Per-phase timing table and a plot of phase time and reward per iteration."""
+    from orchestrator.run.inspect import inspect_run
+
+    if not (run_dir / "timings.jsonl").is_file():
+        _fail(f"{run_dir} has no timings.jsonl", 2)
+    inspect_run(RunDir(run_dir), plot=plot)
+
+
+@app.command()
+def export(run_dir: Path = typer.Argument(..., help="a run directory"),
+           out: Path = typer.Argument(..., help="the Hugging Face directory to write"),
+           iteration: Optional[int] = typer.Option(None, "--iteration", help="a kept checkpoint (default: newest)"),
+           verify: bool = typer.Option(False, "--verify", help="load the export with transformers and check its "
+                                       "logits against Megatron's (float32: to 1e-4)"),
+           ) -> None:
+    """Write a kept checkpoint as a Hugging Face model directory (safetensors, config, tokenizer), from any
+    trainer layout, in this process: no Ray, no vLLM. A finished run already holds its last iteration in
+    RUN_DIR/hf."""
+    from orchestrator.run.export import ExportMismatch, export_checkpoint
+
+    if not (run_dir / "config.yaml").is_file():
+        _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
+    try:
+        result = export_checkpoint(RunDir(run_dir), out, iteration, verify)
+    except FileNotFoundError as e:
+        _fail(f"error: {e}", 2)
+    except ExportMismatch as e:
+        _fail(f"error: {e}", 1)
+    typer.echo(f"wrote {result.path} (iteration {result.iteration})")
+    if result.logit_diff is not None:
+        typer.echo(f"verified: max |logit difference| transformers vs Megatron {result.logit_diff:.2e}, "
+                   f"max |log-prob difference| {result.logprob_diff:.2e}")
+
+
+@config_app.command("show")
+def config_show(config: Path = typer.Argument(..., help="YAML config"),
+                overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP,
+                                                                show_default=False)) -> None:
+    """Print the resolved config as YAML: every default filled in, paths absolute, as a run writes it to
+    RUN_DIR/config.yaml."""
+    typer.echo(dump_config(_load(config, overrides)), nl=False)
+
+
+@config_app.command("reference")
+def config_reference() -> None:
+    """Print the reference of every config key as markdown (docs/config.md)."""
+    from orchestrator.config.reference import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
+
+
+def _guarded(fn, run: RunDir) -> None:
+    """Run `fn`, ending the process with its reason first and the exit code that says whether a restart could
+    help (orchestrator/run/failures.py): 2 for the user's input or code, 1 for a fault, 130 when interrupted. The
+    traceback goes to RUN_DIR/error.log unless the run's directory was removed (an input error before anything
+    ran)."""
+    # SIGTERM (a scheduler's preemption, `kill`) unwinds like Ctrl-C, so the run's engines, trainer ranks,
+    # sandbox and /dev/shm copies are released by the same `finally` blocks instead of being orphaned.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        fn()
+    except KeyboardInterrupt:
+        _fail("interrupted; `tide resume` continues from the newest checkpoint", 130)
+    except Exception as e:
+        from orchestrator.run.failures import console_report, exit_code, write_error_log
+
+        log = write_error_log(run.path, e) if run.path.is_dir() else None
+        _fail(console_report(e, log), exit_code(e))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

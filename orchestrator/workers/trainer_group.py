@@ -1,0 +1,240 @@
+"""The trainer ranks as Ray actors, driven together (every call goes to all ranks: they share collectives)."""
+from __future__ import annotations
+
+import gc
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from ckpt_transfer.manifest import Manifest
+from ckpt_transfer.writer import finalize_manifest, writer_process_env
+from orchestrator.config.schema import ConfigError
+from rollout.engine_proc import freeze_heap, gc_paused, pin_threads
+from trainer.batch import TrainBatch
+from trainer.config import TrainerSpec
+
+
+class _Rank:
+    """Thin actor shell: the Megatron worker is built in `setup`, after rank 0 has chosen the rendezvous port."""
+
+    def address(self) -> tuple[str, int]:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, spec: TrainerSpec, rank: int, world: int, addr: str, port: int, threads: int | None = None,
+              cpus: tuple[int, ...] | None = None) -> bool:
+        """`threads`: torch's intra-op threads (CPU ranks sharing a node's cores); `cpus`: the cores this process
+        is bound to (placement.mode disaggregated on CPU), None: any."""
+        with gc_paused():
+            import torch
+
+            from trainer.megatron.worker import MegatronWorker
+
+        if getattr(self, "worker", None) is not None:
+            raise RuntimeError("this rank holds a worker already: release() it first")
+        if not hasattr(self, "_any_cpu"):
+            self._any_cpu = os.sched_getaffinity(0)
+        pin_threads(cpus or self._any_cpu)  # a pooled process may have been bound by its last group
+        if threads:
+            torch.set_num_threads(threads)
+        with gc_paused():
+            self.worker = MegatronWorker(spec, rank, world, addr, port)
+        freeze_heap()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection
+        return True
+
+    def release(self) -> None:
+        """Tear the worker down and keep the process, imports and all, for another group (RankPool)."""
+        worker, self.worker = self.worker, None
+        worker.shutdown()
+        del worker
+        gc.unfreeze()  # the worker's model and optimizer were frozen with the start-up heap
+        gc.collect()
+
+    def call(self, method: str, *args, **kwargs) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node(self) -> tuple[str, str]:
+        """(IP address, Ray node id) of this rank's node."""
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+
+    def exit(self) -> None:
+        """End this process as Python ends, atexit handlers included: ray.kill skips them, and what libraries
+        clean up there stays behind (wandb, imported by Megatron where installed, leaves two directories in /tmp)."""
+        ray.actor.exit_actor()
+
+
+def check_routing_replay(spec: TrainerSpec) -> None:
+    """trainer.moe.routing_replay on a dense model is a configuration error, found before any rank starts."""
+    if spec.trainer.moe.routing_replay == "none":
+        return
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import is_moe
+
+    hf_config = AutoConfig.from_pretrained(spec.hf_dir)
+    if not is_moe(hf_config):
+        raise ConfigError(f"trainer.moe.routing_replay: {spec.trainer.moe.routing_replay} needs a mixture-of-experts "
+                          f"model; {spec.hf_dir} ({hf_config.model_type}) has no experts: set it to none")
+
+
+class RankPool:
+    """Started trainer-rank processes kept between TrainerGroups on one CPU node. Most of a rank's start is
+    importing torch, Megatron and transformers (7.5 of the 9-10 s a group took to start here); a TrainerGroup
+    given the pool borrows started ranks and hands them back with their Megatron state torn down
+    (MegatronWorker.shutdown), as Megatron's own tests initialise and destroy model parallelism in one process
+    case after case. For a process that builds many groups (the test suite); a run builds one."""
+
+    def __init__(self) -> None:
+        self._actor = ray.remote(num_cpus=0, runtime_env={"env_vars": writer_process_env()})(_Rank)
+        self._idle: list = []
+
+    def take(self, n: int) -> list:
+        while len(self._idle) < n:
+            self._idle.append(self._actor.remote())
+        taken, self._idle = self._idle[:n], self._idle[n:]
+        return taken
+
+    def give_back(self, ranks: list) -> None:
+        self._idle.extend(ranks)
+
+    def close(self) -> None:
+        for r in self._idle:
+            _end(r)
+        self._idle = []
+
+
+def _end(rank) -> None:
+    """End a rank's process as Python ends (atexit handlers run: _Rank.exit), killing one that does not answer."""
+    try:
+        ray.get(rank.exit.remote(), timeout=30)
+    except ray.exceptions.RayActorError:  # it exits as asked, or was dead already
+        return
+    except Exception:  # noqa: BLE001  (it does not answer: killed below)
+        pass
+    ray.kill(rank)
+
+
+class TrainerGroup:
+    def __init__(self, spec: TrainerSpec, timeout_s: float = 900, placement: Callable[[int], dict] | None = None,
+                 pool: RankPool | None = None, cpus: tuple[int, ...] | None = None):
+        """`placement(i)`: Ray options placing rank i (orchestrator/workers/placement.py); None: anywhere. `pool`:
+        borrow started rank processes from it (CPU, no placement) and hand them back at shutdown. `cpus`: the
+        host's cores the CPU ranks are bound to and share (placement.mode disaggregated); None: all of them, which
+        the ranks have to themselves while the engines idle."""
+        check_routing_replay(spec)
+        self.spec, self.timeout = spec, timeout_s
+        self.world = spec.trainer.parallel.world
+        device = spec.trainer.device
+        threads = None
+        if device == "cpu":
+            # Colocated, the phases take turns (the engines idle while the trainer steps): the ranks share this
+            # node's cores; disaggregated, the cores they are given.
+            threads = max(1, len(cpus or os.sched_getaffinity(0)) // self.world)
+        if pool is not None and (device != "cpu" or placement is not None):
+            raise ValueError("a RankPool serves CPU ranks placed anywhere on the driver's node")
+        self._pool = pool
+        if pool is not None:
+            self.ranks = pool.take(self.world)
+        else:
+            env = writer_process_env()
+            if threads:
+                env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 0}
+            actor = ray.remote(**resources, runtime_env={"env_vars": env})(_Rank)
+            self.ranks = [actor.options(**(placement(i) if placement else {})).remote() for i in range(self.world)]
+        try:
+            addr, port = self._get(self.ranks[0].address.remote())
+            self._get([r.setup.remote(spec, i, self.world, addr, port, threads, cpus)
+                       for i, r in enumerate(self.ranks)])
+            self.node, self.node_id = self._get(self.ranks[0].node.remote())
+        except BaseException:
+            for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
+                ray.kill(r)
+            raise
+
+    def pids(self) -> list[int]:
+        """The rank processes' pids, in rank order."""
+        return self._get([r.pid.remote() for r in self.ranks])
+
+    def _get(self, refs):
+        return ray.get(refs, timeout=self.timeout)
+
+    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+        args = tuple(ray.put(a) if isinstance(a, TrainBatch) else a for a in args)
+        return self._get([r.call.remote(method, *args, **kwargs) for r in self.ranks])
+
+    def _reported(self, results: list[Any]) -> Any:
+        return next(r for r in results if r is not None and (not isinstance(r, dict) or r.get("reporting", True)))
+
+    def train_step(self, batch: TrainBatch, mode: str = "rl", lr: float | None = None, updates: int = 1,
+                   shuffle_seed: int | None = None, epochs: int = 1) -> dict:
+        return self._reported(self._all("train_step", batch, mode, lr, updates, shuffle_seed, epochs))
+
+    def logprobs(self, batch: TrainBatch, reference: bool = False, behaviour: bool = False) -> list[list[float]]:
+        """Per sequence, the log-probs of its completion tokens under the batch's distribution: the policy's,
+        the frozen reference's (trainer.kl) or the behaviour snapshot's (`snapshot_behaviour`)."""
+        merged: dict[int, list[float]] = {}
+        for r in self._all("logprobs", batch, reference, behaviour):
+            if r:
+                merged.update(r)
+        return [merged[i] for i in range(len(batch.sequences))]
+
+    def logits(self, token_lists: list[list[int]]):
+        return next(r for r in self._all("logits", token_lists) if r is not None)
+
+    def publish(self, run: str, iteration: int, directory: str, shard_bytes: int, writer_threads: int = 2) -> Manifest:
+        results = self._all("publish", directory, self.node, shard_bytes, writer_threads)
+        records = [s for r in results for s in r["shards"]]
+        aux = sorted({name for r in results for name in r["aux_files"]})
+        manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,
+                            tp_size=self.spec.trainer.parallel.tp)
+        finalize_manifest(manifest)
+        return manifest
+
+    def reset_optimizer(self) -> None:
+        self._all("reset_optimizer")
+
+    def snapshot_reference(self) -> None:
+        self._all("snapshot_reference")
+
+    def snapshot_behaviour(self) -> None:
+        """Keep the current policy for checking the batch the engines are sampling with it (max_staleness 1)."""
+        self._all("snapshot_behaviour")
+
+    def save_checkpoint(self, path: str) -> None:
+        self._all("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._all("load_checkpoint", path)
+
+    def parameter_digests(self) -> list[str]:
+        return self._all("parameter_digest")
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            try:  # every rank at once
+                self._get([r.release.remote() for r in self.ranks])
+            except Exception:  # noqa: BLE001  (a rank that cannot be released is not handed back)
+                for r in self.ranks:
+                    ray.kill(r)
+            else:
+                self._pool.give_back(self.ranks)
+            self.ranks = []
+            return
+        for r in self.ranks:
+            try:
+                ray.get(r.call.remote("shutdown"), timeout=30)
+            except ray.exceptions.RayActorError:  # dead already
+                continue
+            except Exception:  # noqa: BLE001  (a rank that does not answer is killed)
+                ray.kill(r)
+                continue
+            _end(r)
+        self.ranks = []
