@@ -113,13 +113,13 @@ def test_vocabulary_shards_give_the_whole_entropy():
 def test_the_entropy_metric_in_pieces_equals_the_whole(monkeypatch):
     """The trainer computes the entropy metric a few positions at a time (vocabulary-wide temporaries): the
     pieces give the same values, in order, without a gradient."""
-    from trainer.megatron import worker
+    from trainer.megatron import logprobs
     from trainer.sampling import entropy
 
-    monkeypatch.setattr(worker, "ENTROPY_CHUNK", 3)
+    monkeypatch.setattr(logprobs, "ENTROPY_CHUNK", 3)
     z = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    got = worker.MegatronWorker._entropy(z, "metric", entropy)
+    got = logprobs.position_entropy(z, "metric", entropy)
     assert got.shape == (2, 5) and not got.requires_grad
     torch.testing.assert_close(got, entropy(z.detach()))
-    assert worker.MegatronWorker._entropy(z, "grad", entropy).requires_grad
-    assert worker.MegatronWorker._entropy(z, "no", entropy) is None
+    assert logprobs.position_entropy(z, "grad", entropy).requires_grad
+    assert logprobs.position_entropy(z, "no", entropy) is None

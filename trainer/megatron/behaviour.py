@@ -1,6 +1,6 @@
-"""What a train step knows of the policy that sampled its batch (trainer/megatron/worker.py): the mini-batches it
-cuts, the trainer-engine log-prob gap, and with `rollout.proximal: loglinear` each token's pi_old (decoupled PPO's
-proximal policy, trainer/losses.py loglinear_proximal) and its truncated importance weight.
+"""What a train step knows of the policy that sampled its batch (trainer/megatron/train_step.py): the mini-batches
+it cuts, the trainer-engine log-prob gap, and with `rollout.proximal: loglinear` each token's pi_old (decoupled
+PPO's proximal policy, trainer/losses.py loglinear_proximal) and its truncated importance weight.
 
 pi_prox is the trainer's policy before the iteration's first update, for every token. The interpolation
 approximates it from the behaviour policy and the current one; for a token of staleness 0 (sampled by the
@@ -20,10 +20,11 @@ import torch
 
 from trainer.batch import LoglinearProximal, TokenDistribution, TrainSequence
 from trainer.losses import loglinear_proximal
+from trainer.megatron.scoring import completion_logprobs
 
 if TYPE_CHECKING:
+    from trainer.megatron.rank import MegatronRank
     from trainer.megatron.routing_replay import RoutingPass
-    from trainer.megatron.worker import MegatronWorker
 
 
 def minibatch_bounds(n: int, updates: int) -> tuple[list[tuple[int, int]], int]:
@@ -53,27 +54,15 @@ def fresh_sequences(seqs: list[TrainSequence], indices: list[int], proximal: Log
 
 
 @torch.no_grad()
-def computed_proximal(worker: MegatronWorker, seqs: list[TrainSequence], indices: list[int], seq_len: int,
+def computed_proximal(rank: MegatronRank, seqs: list[TrainSequence], indices: list[int], seq_len: int,
                       dist: TokenDistribution, routing: RoutingPass) -> dict[int, torch.Tensor]:
     """The current policy's log-probs of every completion token of the sequences `indices` (a forward-only pass,
     each data-parallel rank its share, gathered over the data-parallel group): {sequence index: [completion
     tokens]} on the last pipeline stage, where the loss reads them; empty elsewhere. Every rank takes part."""
     if not indices:
         return {}
-    mbs = worker._micro_batches(seqs, indices, None, seq_len)
-
-    def loss_fn(mb, output):
-        logp, _ = worker._token_logprobs(output, mb, dist)
-        return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
-
-    out, _ = worker._run(mbs, loss_fn, seq_len, forward_only=True, routing=routing)
-    mine: dict[int, torch.Tensor] = {}
-    for d in out:
-        for row, i in enumerate(d["index"]):
-            if i >= 0:  # not a placeholder row
-                p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)
-                mine[i] = d["logp"][row, p - 1:p - 1 + c].clone()
-    ps = worker.ps
+    mine = completion_logprobs(rank, seqs, indices, seq_len, dist, routing)
+    ps = rank.ps
     if not ps.is_pipeline_last_stage() or ps.get_data_parallel_world_size() == 1:
         return mine
     import torch.distributed as dist_

@@ -1,0 +1,138 @@
+"""A rank's part of a run's checkpoint, in Megatron's distributed format (CKPT/megatron, beside CKPT/layout.json):
+the model, the optimizer once it holds state, the frozen reference and the RNG streams; loaded into the same
+layout, or resharded into another where megatron-core can (dense models)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from trainer.megatron.rank import MegatronRank
+
+
+def _write_results_in_process() -> None:
+    """Megatron's synchronous torch_dist save writes with threads of this process, yet hands their results over a
+    multiprocessing Manager queue that its first save creates by spawning a server process (3.5 s, 275 MB resident
+    for the life of the rank, measured on a tiny model; 5-11 s for a rank under Ray). A thread-safe queue of this
+    process carries them as well. Only an asynchronous save, which tide does not use, writes from another process."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+def _layout_record(rank: MegatronRank) -> dict:
+    p = rank.spec.trainer.parallel
+    return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "moe": bool(rank.config.num_moe_experts)}
+
+
+def _optimizer_has_state(rank: MegatronRank) -> bool:
+    """Whether Adam holds moments yet: torch creates them at a parameter's first step, so right after a reset
+    (the warm start's end) and until the first RL step that takes one there are none."""
+    chained = getattr(rank.optimizer, "chained_optimizers", [rank.optimizer])
+    return any(len(state) > 0 for o in chained for state in o.optimizer.state.values())
+
+
+def _sharded_state(rank: MegatronRank, is_loading: bool, with_rng: bool = True, with_optimizer: bool = True) -> dict:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    ps = rank.ps
+    model_sd = rank.module.sharded_state_dict()
+    rng = {"cpu": torch.get_rng_state()}
+    if rank.spec.trainer.device == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state()
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    rng["tracker"] = get_cuda_rng_tracker().get_states()
+    pos = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+           ps.get_expert_model_parallel_rank())
+    shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
+             ps.get_expert_model_parallel_world_size())
+    state = {"model": model_sd}
+    if with_optimizer:
+        state["optimizer"] = rank.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+    if rank.reference is not None:
+        state["reference"] = rank.reference.sharded_state_dict(prefix="reference.")
+    if with_rng:
+        # ranks that share (pp, tp, ep) coordinates hold copies: they form the expert-data-parallel group
+        state["rng"] = ShardedObject("rng_state", rng, shape, pos, replica_id=ps.get_expert_data_parallel_rank())
+    return state
+
+
+def save_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    _write_results_in_process()
+    target = Path(ckpt_dir) / "megatron"
+    # A checkpoint taken before the optimizer's first step holds no optimizer state (Megatron writes none, and
+    # loading would expect moments): recorded, so that a resume keeps its fresh optimizer. Every rank steps
+    # together, so they all agree.
+    with_optimizer = _optimizer_has_state(rank)
+    if rank.rank == 0:
+        target.mkdir(parents=True, exist_ok=True)
+        (Path(ckpt_dir) / "layout.json").write_text(json.dumps(_layout_record(rank)
+                                                               | {"optimizer_state": with_optimizer}))
+    torch.distributed.barrier()
+    dist_checkpointing.save(_sharded_state(rank, is_loading=False, with_optimizer=with_optimizer), str(target))
+    torch.distributed.barrier()
+
+
+def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
+    """Load model, optimizer and RNG. A dense checkpoint may be loaded into another TP/PP layout
+    (Megatron's distributed checkpoint reshards; RNG streams, which are per rank, are then re-seeded)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    from trainer.megatron.model import LayoutError
+
+    p = rank.spec.trainer.parallel
+    saved_file = Path(ckpt_dir) / "layout.json"
+    saved = json.loads(saved_file.read_text()) if saved_file.exists() else _layout_record(rank)
+    with_optimizer = saved.pop("optimizer_state", True)  # False: saved before any step (see save_checkpoint)
+    same_layout = saved == _layout_record(rank)
+    if not same_layout and saved.get("moe"):
+        raise LayoutError(
+            f"{ckpt_dir} holds a mixture-of-experts checkpoint saved with tp={saved['tp']} pp={saved['pp']} "
+            f"ep={saved['ep']}; megatron-core 0.19.2 cannot reshard its optimizer state into tp={p.tp} "
+            f"pp={p.pp} ep={p.ep}: resume with the saved trainer.parallel layout")
+    state = dist_checkpointing.load(
+        _sharded_state(rank, is_loading=True, with_rng=same_layout, with_optimizer=with_optimizer),
+        str(Path(ckpt_dir) / "megatron"))
+    rank.module.load_state_dict(state["model"])
+    if with_optimizer:
+        rank.optimizer.load_state_dict(state["optimizer"])
+    else:
+        rank.reset_optimizer()  # as it was when saved: no moments, step 0
+    if rank.reference is not None:
+        rank.reference.load_state_dict({k.removeprefix("reference."): v for k, v in state["reference"].items()})
+    if not same_layout:
+        return
+    rng = state["rng"]
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and rank.spec.trainer.device == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"])
+    get_cuda_rng_tracker().set_states(rng["tracker"])
+
+
+def load_model(rank: MegatronRank, ckpt_dir: str) -> None:
+    """The policy's parameters only (no optimizer, RNG or reference), resharded from whatever layout saved
+    them into this rank's: what `tide export` needs."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load({"model": rank.module.sharded_state_dict()}, str(Path(ckpt_dir) / "megatron"))
+    rank.module.load_state_dict(state["model"])
+
+
+def parameter_digest(rank: MegatronRank) -> str:
+    """sha256 over this rank's parameters (names and bytes): equal digests mean equal weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(rank.module.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
