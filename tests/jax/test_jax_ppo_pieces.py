@@ -221,7 +221,7 @@ def test_cut_values_with_a_time_limit_equal_the_full_pass(steps, limit):
     import jax
     import jax.numpy as jnp
 
-    from trainer.jax.algorithm import cut_values
+    from trainer.jax.on_policy import cut_values
 
     rng = np.random.default_rng(steps * 31 + limit)
     n = 6

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.jax.algorithm import PolicyStep, cut_values, make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
 from trainer.jax.envs import EnvSlot, Environment
-from trainer.jax.ppo import actor_critic, clipped_adam
+from trainer.jax.on_policy import PolicyStep, actor_critic, clipped_adam, cut_values, make_policy_rollout
+from trainer.jax.shards import replicate, reset_shards
 from trainer.jax.vtrace import vtrace
 
 

@@ -3,7 +3,6 @@ epochs x minibatches). Collectives name `axes`; the engine maps them onto vmap a
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -11,12 +10,13 @@ import jax.numpy as jnp
 import optax
 
 from trainer.jax import shuffle
-from trainer.jax.algorithm import cut_values, make_policy_rollout, replicate, reset_shards
 from trainer.jax.config import JaxConfig
-from trainer.jax.envs import Discrete, EnvSlot, Environment
-from trainer.jax.networks import ActorCritic, Flat
+from trainer.jax.envs import EnvSlot, Environment
+from trainer.jax.networks import Flat
 from trainer.jax.normalization import (Moments, discounted_sums, init_moments, normalize, scale_rewards,
                                        update_moments)
+from trainer.jax.on_policy import actor_critic, clipped_adam, cut_values, make_policy_rollout
+from trainer.jax.shards import replicate, reset_shards
 
 
 # Minibatches larger than this are differentiated in chunks of this many rows. Measured against rejax on
@@ -100,21 +100,6 @@ def clipped_losses(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, value: 
 
 def make_optimizer(cfg: JaxConfig, total_updates: int) -> optax.GradientTransformation:
     return clipped_adam(cfg, max(total_updates, 1) * cfg.epochs * cfg.minibatches)
-
-
-def clipped_adam(cfg: JaxConfig, optimizer_steps: int) -> optax.GradientTransformation:
-    """Adam after global-norm clipping; the learning rate decays linearly to 0 over `optimizer_steps` if annealed."""
-    lr: float | Callable = optax.linear_schedule(cfg.lr, 0.0, optimizer_steps) if cfg.lr_annealed else cfg.lr
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
-
-
-def actor_critic(cfg: JaxConfig, env: Environment) -> Flat:
-    space = env.action_space
-    discrete = isinstance(space, Discrete)
-    network = ActorCritic(action_dim=space.n if discrete else math.prod(space.shape), discrete=discrete,
-                          hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
-                          obs_rank=len(env.observation_shape))
-    return Flat(network, jnp.zeros(env.observation_shape, jnp.float32))
 
 
 class PPO:

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.jax.algorithm import replicate, reset_shards
 from trainer.jax.config import JaxConfig, SacConfig
 from trainer.jax.envs import Box, EnvSlot, Environment, auto_reset_step
 from trainer.jax.networks import Flat, SquashedGaussianActor, TwinQ
+from trainer.jax.shards import replicate, reset_shards
 
 LOG2 = math.log(2.0)
 
