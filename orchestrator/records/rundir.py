@@ -81,6 +81,10 @@ class RunDir:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.config_file = self.path / "config.yaml"  # the resolved config
+        self.metrics_file, self.timings_file = self.path / "metrics.jsonl", self.path / "timings.jsonl"
+        self.samples_file, self.status_file = self.path / "samples.jsonl", self.path / "status.json"
+        self.restarts_file, self.checkpoints = self.path / "restarts.jsonl", self.path / "checkpoints"
         self.created = not self.path.exists()  # made by this process: removed again if nothing ran
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
@@ -134,35 +138,7 @@ class RunDir:
 
         self.lock_fd = hold_run_dir(self.path)
 
-    @property
-    def config_file(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def timings_file(self) -> Path:
-        return self.path / "timings.jsonl"
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def samples_file(self) -> Path:
-        return self.path / "samples.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
     # ---- timings and metrics -------------------------------------------------------------------
-    @property
-    def status_file(self) -> Path:
-        return self.path / "status.json"
-
-    @property
-    def restarts_file(self) -> Path:
-        return self.path / "restarts.jsonl"
-
     def restart_count(self) -> int:
         return len(read_jsonl(self.restarts_file))
 
