@@ -22,6 +22,8 @@ from trainer.batch import TrainBatch
 
 
 class BatchChecks:
+    """The run's checks of its batches and engines, with its bound (and where the bound comes from)."""
+
     def __init__(self, s: Session) -> None:
         self.s = s
         self.bound = s.cfg.rollout.logprob_gap_bound(s.cfg.model.dtype)

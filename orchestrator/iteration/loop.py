@@ -22,7 +22,7 @@ from orchestrator.iteration.schedule import Around, RolloutScheduler
 from orchestrator.iteration.session import Session, console
 from orchestrator.iteration.steps import score, train, train_batch, watch_signal
 
-# What an iteration's train phase reports (trainer/megatron/worker.py train_step): kl_ref(_mean) with trainer.kl only,
+# What an iteration's train phase reports (trainer/megatron/train_step.py): kl_ref(_mean) with trainer.kl only,
 # the clip fractions with loss grpo only, the routing figures for mixture-of-experts models whose samples carry
 # the rollout's routing (with trainer.moe.routing_replay, over the whole batch, with logprob_gap_replayed and
 # logprob_gap_unreplayed)
