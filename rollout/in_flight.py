@@ -7,14 +7,18 @@ spans). PipelineRL keeps the stale KV instead; tide recomputes it so that the tr
 under the version that sampled it, are the engine's (the gap check holds token by token).
 
 `InFlight` says what a generate call expects (sent with the call); `WeightSlot` hands the weights from the thread
-that serves the engine's `sync` to the engine thread that runs the generate."""
+that serves the engine's `sync` to the engine thread that runs the generate, `generate_in_flight`, one engine step
+at a time, takes them between two steps."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from ckpt_transfer.manifest import Manifest
+
+from .engine_errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -115,3 +119,44 @@ def token_versions(spans, n_tokens: int, default: int) -> list[int]:
     if len(out) != n_tokens:
         raise ValueError(f"weight-version spans cover {len(out)} tokens of {n_tokens}")
     return out
+
+
+def generate_in_flight(llm: Any, prompts: list, params: list, slot: WeightSlot, first: int,
+                       switch_weights: Callable[[Offered], None], serving: Callable[[], bool]) -> list:
+    """LLM.generate's loop, one engine step at a time, taking `switch.to_version`'s weights between two steps when
+    a sync offers them (at `switch.at_step`, waiting for them) with `switch_weights`. The outputs in request order;
+    `first`: the version that samples the first tokens; vLLM labels every token with the version set when it was
+    sampled (its weight-version spans). `serving`: whether the engine that runs the call still serves (a call
+    that fails on it leaves nothing behind for the next one)."""
+    engine = llm.llm_engine
+    core = getattr(engine.engine_core, "engine_core", None)  # the in-process EngineCore (engine_process inline)
+    if core is None or core.batch_queue is not None:
+        raise EngineError("in-flight weight updates need engine_process inline without vLLM's batch queue "
+                          "(async scheduling or pipeline parallelism): a step must end before the weights change")
+    switch = slot.switch
+    engine.set_weight_version(str(first))
+    pending = first < switch.to_version  # an engine started again on the new weights has nothing to take
+    if not pending:
+        slot.close()
+    request_ids = llm.enqueue(prompts, params, use_tqdm=False)
+    outputs, step = [], 0
+    try:
+        while engine.has_unfinished_requests():
+            # at_step: at that step exactly (waiting for the weights); else whenever they are offered
+            due = pending and (switch.at_step is None or step >= switch.at_step)
+            if due:
+                offered = slot.take(wait=switch.at_step is not None)
+                if offered is not None:
+                    switch_weights(offered)
+                if offered is not None or switch.at_step is not None:  # taken, or released: no more waiting
+                    slot.close()
+                    pending = False
+            outputs += [out for out in engine.step() if out.finished]
+            step += 1
+    except BaseException:
+        if serving():  # nothing of this call is left for the next one
+            engine.abort_request(request_ids, internal=True)  # enqueue's ids are vLLM's internal ones
+        raise
+    finally:
+        slot.close()
+    return sorted(outputs, key=lambda out: int(out.request_id))
