@@ -1,15 +1,15 @@
 """The weight hand-over's settings, validated where they are consumed: the YAML `publish:` and `transfer:`
-sections (the transport's own knobs, `transfer.mooncake:`, are `transport.TransferConfig`). Pydantic only:
+sections, and the Mooncake transport's own knobs (`transfer.mooncake:`, `TransferConfig`). Pydantic only:
 no torch, Ray or Mooncake import."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from .transport import TransferConfig
+P2P_HANDSHAKE = "P2PHANDSHAKE"  # peers find each other directly, with no metadata server
 
 
 def config_dir(info: ValidationInfo) -> Path:
@@ -50,6 +50,51 @@ class PublishConfig(_Strict):
     shard_bytes: int = Field(512 * 1024**2, gt=0, description="Target size of one safetensors shard file, in bytes "
                              "(default 512 MiB).")
     writer_threads: int = Field(2, ge=1, description="Shard files each trainer rank writes at once.")
+
+
+class TransferConfig(_Strict):
+    """Transport settings (the YAML `transfer.mooncake:` section)."""
+
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="How nodes exchange shards: `tcp`, or `rdma` "
+                                             "(InfiniBand/RoCE; name the NICs in device_names).")
+    device_names: list[str] = Field(default_factory=list, description="RDMA devices to use with protocol rdma, "
+                                    "e.g. [\"mlx5_0\", \"mlx5_1\"]; ignored with tcp.")
+    handshake: str = Field(P2P_HANDSHAKE, description="How peers find each other: `P2PHANDSHAKE` (directly, no "
+                           "metadata server) or a metadata server such as `etcd://10.0.0.1:2379`.")
+    local_host: str = Field("127.0.0.1", description="The IP address other nodes reach this node's transfer "
+                            "engine on; `auto`: the address Ray knows the node by (clusters: every node agent "
+                            "then uses its own node's).")
+    bucket_bytes: int = Field(64 << 20, ge=4096, description="Bytes per read request: files are read in buckets "
+                              "of this size.")
+    concurrency: int = Field(4, ge=1, description="Read requests in flight per pull, across shards and peers; at "
+                             "most max_entries_per_batch.")
+    max_entries_per_batch: int = Field(1024, ge=1, le=1024, description="Most entries queued per peer (the TCP "
+                                       "transport takes at most 1024).")
+    retries: int = Field(2, ge=0, description="Extra attempts per file after a failed first one.")
+    retry_backoff_s: float = Field(0.2, ge=0, description="Seconds to wait before retrying a failed file.")
+    timeout_s: float = Field(30.0, gt=0, description="Seconds allowed for the handshake and the file-table read, "
+                             "and per pull attempt plus its bytes / min_bytes_per_s.")
+    min_bytes_per_s: float = Field(100e6, gt=0, description="Slowest pull rate tolerated, in bytes per second "
+                                   "(sets a pull attempt's deadline with timeout_s).")
+    poll_interval_s: float = Field(0.001, ge=0, description="Seconds between polls of a read's status.")
+    verify_threads: int = Field(2, ge=1, description="Threads that checksum pulled files (files are spread over "
+                                "them; one file is checked in order).")
+    unmap_grace_s: float = Field(10.0, ge=0, description="Seconds a file no longer served stays mapped, so that "
+                                 "reads already in flight complete.")
+    table_bytes: int = Field(4 << 20, ge=4096, description="Size in bytes of the buffer that lists the files a "
+                             "node serves.")
+    log_level: str = Field("WARNING", description="Mooncake's log level (MC_LOG_LEVEL: INFO, WARNING, ERROR, ...) "
+                           "unless the environment sets one.")
+    # No gain measured on loopback, and the faulting is serial, before any read starts.
+    prefault: bool = Field(False, description="Fault in the destination files' pages (MAP_POPULATE) before "
+                           "reading into them.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TransferConfig":
+        if self.concurrency > self.max_entries_per_batch:
+            raise ValueError("concurrency must not exceed max_entries_per_batch (<= 1024 per peer)")
+        return self
+
 
 
 class WeightTransferConfig(_Strict):
