@@ -1,10 +1,14 @@
 """Shared types of the Megatron <-> Hugging Face conversion."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+
+# A Megatron parameter of a decoder layer: (layer index, name within the layer)
+LAYER_PARAM = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,20 @@ class HFTensor:
 
 class ConversionError(ValueError):
     pass
+
+
+def decoder_kwargs(hf_config: Any) -> dict[str, Any]:
+    """The TransformerConfig fields every supported family takes alike from its HF config: depth and widths,
+    RMSNorm, and a gated MLP without biases; each family adds its attention's (and experts')."""
+    return dict(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+    )
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,13 @@ from typing import Any
 import torch
 
 from .common import (
+    LAYER_PARAM,
     ConversionError,
     HFStream,
     HFTensor,
     RankLayout,
     TensorGetter,
+    decoder_kwargs,
     tp_slice,
 )
 from .support import Refusal, common_problems, refuse_all, rope_parameters
@@ -53,7 +55,6 @@ from .support import Refusal, common_problems, refuse_all, rope_parameters
 # yarn: DeepSeek-V3's and Kimi K2's released configs; Megatron's MLA implements it (YarnRotaryEmbedding, the
 # softmax scale mscale(factor, mscale_all_dim)^2 / sqrt(q head dim)), mapped in _rope_kwargs
 ROPE_TYPES = ("default", "yarn")
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
 # Megatron sub-name in a layer -> (HF sub-name, tp_dim); None = replicated (written by TP rank 0).
@@ -179,16 +180,10 @@ def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
     shared = int(getattr(hf_config, "n_shared_experts", 0) or 0)
     groups, chosen = _group_routing(hf_config)
     return dict(
-        num_layers=hf_config.num_hidden_layers,
-        hidden_size=hf_config.hidden_size,
-        ffn_hidden_size=hf_config.intermediate_size,
+        **decoder_kwargs(hf_config),
         num_attention_heads=heads,
         num_query_groups=heads,
         kv_channels=hf_config.v_head_dim,  # the local attention's value head width (see _mla_core_attention)
-        normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
-        gated_linear_unit=True,
-        add_bias_linear=False,
         add_qkv_bias=False,
         qk_layernorm=True,  # MLA: the q and kv latents' RMSNorms
         multi_latent_attention=True,
@@ -286,7 +281,7 @@ def _hf_name(mname: str, layout: RankLayout) -> tuple[str, int | None] | None:
     """HF name and tp_dim of a Megatron parameter with a one-to-one HF counterpart; None otherwise."""
     if mname in _TOP_LEVEL:
         return _TOP_LEVEL[mname]
-    m = _LAYER.match(mname)
+    m = LAYER_PARAM.match(mname)
     if m and m.group(2) in _SIMPLE_LAYER:
         hf_sub, dim = _SIMPLE_LAYER[m.group(2)]
         return f"model.layers.{layout.global_layer(int(m.group(1)))}.{hf_sub}", dim
@@ -305,7 +300,7 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
 
     for mname, t in params:
         t = t.detach()
-        m = _LAYER.match(mname)
+        m = LAYER_PARAM.match(mname)
         expert = _EXPERT.match(m.group(2)) if m else None
         if expert:
             if not layout.writes_experts:
@@ -341,7 +336,7 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
     r, n = layout.tp_rank, layout.tp_size
     state: dict[str, torch.Tensor] = {}
     for mname in names:
-        m = _LAYER.match(mname)
+        m = LAYER_PARAM.match(mname)
         expert = _EXPERT.match(m.group(2)) if m else None
         if expert:
             e = _global_expert(int(expert.group(1)), layout, hf_config)

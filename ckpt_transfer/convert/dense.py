@@ -12,16 +12,13 @@ Megatron names are those of `GPTModel` built with the local layer spec; HF names
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
-from .common import (AttentionShape, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter, fuse_qkv,
-                     split_qkv_views, tp_slice)
+from .common import (LAYER_PARAM, AttentionShape, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter,
+                     decoder_kwargs, fuse_qkv, split_qkv_views, tp_slice)
 from .support import Refusal, common_problems, refuse_all
-
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 # Megatron sub-name in a layer -> (HF sub-name, tp_dim); None = replicated.
 _SIMPLE_LAYER = {
@@ -74,7 +71,7 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
                 out.append(shard("lm_head.weight", t, 0))
         elif mname == "decoder.final_layernorm.weight":
             out.append(shard("model.norm.weight", t, None))
-        elif m := _LAYER.match(mname):
+        elif m := LAYER_PARAM.match(mname):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}."
             sub = m.group(2)
             if sub in simple:
@@ -112,7 +109,7 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any, layo
             out[mname] = tp_slice(get(key), 0, r, n)
         elif mname == "decoder.final_layernorm.weight":
             out[mname] = get("model.norm.weight")
-        elif m := _LAYER.match(mname):
+        elif m := LAYER_PARAM.match(mname):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}."
             sub = m.group(2)
             if sub in simple:
@@ -139,16 +136,10 @@ def megatron_transformer_kwargs(hf_config: Any) -> Mapping[str, Any]:
     check_supported(hf_config)
     att = AttentionShape.from_hf(hf_config)
     return dict(
-        num_layers=hf_config.num_hidden_layers,
-        hidden_size=hf_config.hidden_size,
-        ffn_hidden_size=hf_config.intermediate_size,
+        **decoder_kwargs(hf_config),
         num_attention_heads=att.num_heads,
         num_query_groups=att.num_kv_heads,
         kv_channels=att.head_dim,
-        normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
-        gated_linear_unit=True,
-        add_bias_linear=False,
         add_qkv_bias=hf_config.model_type == "qwen2",
         qk_layernorm=hf_config.model_type in QK_NORM_FAMILIES,
     )

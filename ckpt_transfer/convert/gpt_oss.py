@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from . import dense
-from .common import ConversionError, HFStream, HFTensor, RankLayout, TensorGetter
+from .common import LAYER_PARAM, ConversionError, HFStream, HFTensor, RankLayout, TensorGetter
 from .support import Refusal, common_problems, refuse_all, rope_parameters
 
 # Megatron allows expert biases only with expert tensor parallelism 1
@@ -47,7 +47,6 @@ ROPE_ATTENTION_FACTOR_IN_SOFTMAX_SCALE = True
 
 ROPE_TYPES = ("default", "yarn")
 QUICK_GELU_ALPHA = 1.702  # Megatron's quick_gelu: x * sigmoid(1.702 x)
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.(weight|bias)$")
 
 # Megatron sub-name in a layer -> (HF sub-name, tp_dim), beside the dense family's (dense.megatron_to_hf's more_layer)
@@ -185,7 +184,7 @@ def megatron_to_hf(params: Iterable[tuple[str, torch.Tensor]], hf_config: Any, l
     experts: dict[int, dict[tuple[int, str, str], torch.Tensor]] = {}
     rest = []
     for mname, t in params:
-        m = _LAYER.match(mname)
+        m = LAYER_PARAM.match(mname)
         if m and (e := _EXPERT.match(m.group(2))):
             if layout.writes_experts:
                 layer = layout.global_layer(int(m.group(1)))
@@ -250,7 +249,7 @@ def hf_to_megatron(get: TensorGetter, names: Iterable[str], hf_config: Any,
         return stacked[name]
 
     for mname in names:
-        m = _LAYER.match(mname)
+        m = LAYER_PARAM.match(mname)
         if m and (e := _EXPERT.match(m.group(2))):
             prefix = f"model.layers.{layout.global_layer(int(m.group(1)))}.mlp.experts."
             fc, kind = e.group(2), e.group(3)
