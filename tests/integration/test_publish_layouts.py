@@ -81,7 +81,8 @@ LAYOUTS = [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("dense",
 @pytest.mark.parametrize("arch,tp,pp,ep", LAYOUTS,
                          ids=[f"{a}-" + "x".join(f"{k}{n}" for k, n in (("tp", tp), ("pp", pp), ("ep", ep)) if n > 1
                                                    or k == "tp") for a, tp, pp, ep in LAYOUTS])
-def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, family_dirs, tmp_path, arch, tp, pp, ep):
+def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, family_dirs, tmp_path, request, arch,
+                                                     tp, pp, ep):
     """Each family in each layout: the checkpoint published right after loading is the model's own, bit for bit
     (HF -> Megatron -> HF), and after training steps the published checkpoint gives Megatron's logits in
     transformers."""
@@ -117,29 +118,22 @@ def test_published_checkpoint_matches_megatron_logits(ray_cluster, rank_pool, fa
             got = hf(torch.tensor([toks])).logits[0]
         assert (got - ref).abs().max().item() <= 1e-4
     if arch in SERVED and (tp, pp, ep) == (1, 1, 1):
-        _vllm_serves_the_published_model(whole, hf)
+        _vllm_serves_the_published_model(request.getfixturevalue("engine"), manifest, hf)
     shutil.rmtree(shm, ignore_errors=True)
 
 
 SERVED = ("qwen3", "llama3", "qwen3_moe", "gpt_oss")  # deepseek_v3: tests/integration/test_deepseek_v3.py
 
 
-def _vllm_serves_the_published_model(whole: Path, hf) -> None:
-    """vLLM, started on the trained and published checkpoint, samples with log-probs within the float32 gap bound
-    of transformers' on the same tokens (which equal Megatron's: the logits check above)."""
+def _vllm_serves_the_published_model(engine, manifest: Manifest, hf) -> None:
+    """vLLM, started on the trained and published checkpoint (the session's engine restarted onto it, as a run's
+    `restart` sync starts its engines), samples with log-probs within the float32 gap bound of transformers' on
+    the same tokens (which equal Megatron's: the logits check above)."""
     import ray
 
-    from rollout.config import EngineConfig
-    from rollout.engine import RolloutEngine
-
-    engine = ray.remote(num_cpus=0)(RolloutEngine).remote(
-        str(whole), EngineConfig(kv_cache_gb=0.125, enforce_eager=True, engine_start_timeout_s=600), deterministic=True)
-    try:
-        samples = ray.get(engine.generate.remote(AdditionTask(1).problems(seed=0, iteration=0, n=4), 2, 6, 1.0, 0),
-                          timeout=900).items
-    finally:
-        ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
-        ray.kill(engine)
+    ray.get(engine.sync.remote(manifest, "restart"), timeout=900)
+    samples = ray.get(engine.generate.remote(AdditionTask(1).problems(seed=0, iteration=0, n=4), 2, 6, 1.0, 0),
+                      timeout=900).items
     gaps = []
     for s in samples:
         ids = torch.tensor([s.prompt_ids + s.completion_ids])

@@ -8,10 +8,11 @@ not define (DeepSeek-V3's topk_method and scoring_func), which vLLM reads with o
 transformers 5.19 has none, and vLLM 0.32 then neither creates its e_score_correction_bias (the engine died at start,
 KeyError 'layers.1.mlp.gate.e_score_correction_bias') nor scores with a sigmoid.
 
-The session's engine actor serves the directories in turn, restarted onto each: onto the directory as saved (the
-run's model.path, which engines start on: the fields the engine needs come as hf_overrides), and for DeepSeek-V3 also
-onto its publish (config.json as tide's publish path writes it, ckpt_transfer.writer.copy_aux_files). The weights
-stay the saved ones: the conversion tests check that a publish gives them back."""
+The session's engine actor (tests/integration/conftest.py's `engine`) serves the directories in turn, restarted onto
+each: onto the directory as saved (the run's model.path, which engines start on: the fields the engine needs come as
+hf_overrides), and for DeepSeek-V3 also onto its publish (config.json as tide's publish path writes it,
+ckpt_transfer.writer.copy_aux_files). The weights stay the saved ones: the conversion tests check that a publish gives
+them back."""
 from __future__ import annotations
 
 import json
@@ -109,14 +110,6 @@ def _published(src: Path, out: Path) -> Path:
     shutil.copyfile(src / WEIGHTS, out / WEIGHTS)
     copy_aux_files(src, out)
     return out
-
-
-@pytest.fixture(scope="module")
-def engine(rollout_engine, tiny_model_dir, tmp_path_factory):
-    """The session's engine actor; restarted back onto the session's tiny model when the module ends."""
-    yield rollout_engine
-    base = _published(tiny_model_dir, tmp_path_factory.mktemp("restore") / "0")
-    ray.get(rollout_engine.sync.remote(_manifest(base, "restore", 0), "restart"), timeout=600)
 
 
 def _reference(model_dir: Path, samples) -> list[list[float]]:
