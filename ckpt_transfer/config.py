@@ -14,7 +14,7 @@ P2P_HANDSHAKE = "P2PHANDSHAKE"  # peers find each other directly, with no metada
 
 def config_dir(info: ValidationInfo) -> Path:
     """The directory a config's relative paths resolve against: the validation context's `config_dir` (the
-    config file's directory, set by orchestrator.config.load_config), else the working directory."""
+    config file's directory, set by orchestrator.config.schema.load_config), else the working directory."""
     return Path((info.context or {}).get("config_dir") or Path.cwd())
 
 
@@ -34,11 +34,15 @@ def missing_path(what: str, path: str, info: ValidationInfo) -> str:
 ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A section of the YAML (or a message built from one): a key it does not define is an error, never ignored,
+    so that a misspelt setting cannot silently leave its default in force. The base of every room's config models,
+    defined here with ConfigPath, in the lowest room whose settings are read from the config."""
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
-class PublishConfig(_Strict):
+class PublishConfig(StrictModel):
     """The YAML `publish:` section: where trainer ranks write each iteration's shards and how many are kept."""
 
     shm_root: ConfigPath = Field(
@@ -52,7 +56,7 @@ class PublishConfig(_Strict):
     writer_threads: int = Field(2, ge=1, description="Shard files each trainer rank writes at once.")
 
 
-class TransferConfig(_Strict):
+class TransferConfig(StrictModel):
     """Transport settings (the YAML `transfer.mooncake:` section)."""
 
     protocol: Literal["tcp", "rdma"] = Field("tcp", description="How nodes exchange shards: `tcp`, or `rdma` "
@@ -97,7 +101,7 @@ class TransferConfig(_Strict):
 
 
 
-class WeightTransferConfig(_Strict):
+class WeightTransferConfig(StrictModel):
     """The YAML `transfer:` section. Enabled: every rollout node pulls each iteration through the Mooncake
     transfer engine into its own shared memory. Off: engines read the publish directory, which needs them on
     the trainer's machine."""

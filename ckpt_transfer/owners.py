@@ -30,16 +30,20 @@ def sweep_dead_runs(root: Path) -> list[str]:
             owner = json.loads((run_root / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if owner.get("host") != socket.gethostname() or _alive(owner.get("pid")):
+        if owner.get("host") != socket.gethostname() or _owner_alive(owner.get("pid")):
             continue
         shutil.rmtree(run_root, ignore_errors=True)
         removed.append(run_root.name)
     return removed
 
 
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int):
-        return True  # unreadable: not ours to judge
+def _owner_alive(pid: object) -> bool:
+    return pid_alive(pid) if isinstance(pid, int) else True  # unreadable: not ours to judge
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host: signal 0 reaches it, or is refused because another user owns
+    it (the one liveness test of a pid written in a record: run owners here, the run directory's driver)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

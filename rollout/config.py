@@ -7,16 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from ckpt_transfer.config import ConfigPath, missing_path
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+from ckpt_transfer.config import ConfigPath, StrictModel, missing_path
 
 
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     """One vLLM engine. The run-wide settings it also needs (parameter dtype, seed, determinism) are given
     to `RolloutEngine` beside it."""
 
@@ -336,7 +332,7 @@ LOGPROB_GAP_FLOOR = {"float32": 1e-6, "bfloat16": 1e-2}
 DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-class TaskConfig(_Strict):
+class TaskConfig(StrictModel):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
     name: Literal["addition", "multiply", "reverse", "guess", "jsonl", "dataset", "reasoning_gym", "code"] = Field(

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from ckpt_transfer.config import StrictModel
 from trainer.loss_spec import LossSpec
 from trainer.lr_schedule import LRSchedule
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class ParallelConfig(_Strict):
+class ParallelConfig(StrictModel):
     """The trainer ranks: dp data-parallel replicas of a tp x pp (x ep for experts) model-parallel layout.
     Megatron's groups follow from the world size: dense layers are replicated dp * ep times, experts dp times."""
 
@@ -32,7 +29,7 @@ class ParallelConfig(_Strict):
         return self.dp * self.tp * self.pp * self.ep
 
 
-class KLConfig(_Strict):
+class KLConfig(StrictModel):
     """The YAML `trainer.kl:` section: coef x a KL penalty in the loss, the reference being the policy RL starts
     from (after the supervised warm start), frozen; which divergence its gradient follows depends on the estimator
     (the default k3: KL(reference || policy)). coef 0: no reference model at all."""
@@ -60,7 +57,7 @@ class KLConfig(_Strict):
         return self
 
 
-class MoEConfig(_Strict):
+class MoEConfig(StrictModel):
     """The YAML `trainer.moe:` section (mixture-of-experts models)."""
 
     routing_replay: Literal["none", "rollout"] = Field(
@@ -70,7 +67,7 @@ class MoEConfig(_Strict):
         "mixture-of-experts model and rollout.record_routing.")
 
 
-class TrainerConfig(_Strict):
+class TrainerConfig(StrictModel):
     """The YAML `trainer:` section."""
 
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the trainer ranks run: `cpu` (backend "
@@ -188,7 +185,7 @@ class TrainerConfig(_Strict):
                         kl_coef=self.kl.coef, kl_estimator=self.kl.estimator, entropy_coef=self.entropy_coef)
 
 
-class TrainerSpec(_Strict):
+class TrainerSpec(StrictModel):
     """What a trainer rank is built from: the model directory, the `trainer:` section as validated, and the
     run-wide settings it shares with the rollout (seed, determinism, parameter dtype)."""
 

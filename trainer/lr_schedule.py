@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from ckpt_transfer.config import StrictModel
 
 
-class LRSchedule(BaseModel):
+class LRSchedule(StrictModel):
     """The YAML `trainer.lr_schedule:` section."""
-
-    model_config = ConfigDict(extra="forbid")
 
     warmup_iterations: int = Field(0, ge=0, description="RL iterations over which the learning rate rises "
                                    "linearly to trainer.lr (iteration k of w gets lr x k / w); 0: no warm-up.")

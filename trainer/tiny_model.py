@@ -10,7 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from ckpt_transfer.config import StrictModel
 
 EOS = "<|endoftext|>"
 # A minimal chat format for the tiny models, so that message prompts run through the real chat-template path;
@@ -23,11 +25,11 @@ TINY_FORMAT_VERSION = 3
 TinyFamily = Literal["qwen2", "qwen3", "qwen3_moe", "llama3", "deepseek_v3", "mixtral", "gpt_oss"]
 
 
-class TinyModelConfig(BaseModel):
+class TinyModelConfig(StrictModel):
     """Architecture of the locally built model (the YAML `model.tiny:` section, used when `model.path` is
     absent)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     family: TinyFamily = Field("qwen2", description="Architecture family: `qwen2`, `qwen3` (q/k RMSNorm), `llama3` "
                                "(Llama 3.x with llama3 rope scaling), or mixture of experts: `qwen3_moe`, `mixtral`, "

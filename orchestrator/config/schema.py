@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ckpt_transfer.config import (ConfigPath, PublishConfig, WeightTransferConfig, missing_path,
+from ckpt_transfer.config import (ConfigPath, PublishConfig, StrictModel, WeightTransferConfig, missing_path,
                                   resolve_config_path)
 from orchestrator.config.hints import section_value_hint
 from orchestrator.config.names import OTHER_NAMES, OtherName
@@ -38,11 +37,7 @@ from trainer.jax.config import JaxConfig
 from trainer.tiny_model import TinyModelConfig
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class RayConfig(Strict):
+class RayConfig(StrictModel):
     address: str | None = Field(None, description="The Ray cluster: null starts a local one for the run; `auto` "
                                 "or `host:port` joins one started with `ray start`.")
     num_cpus: int | None = Field(None, description="CPUs a local cluster offers; null: every core of the host.")
@@ -55,7 +50,7 @@ class RayConfig(Strict):
                                "left alone.")
 
 
-class ModelConfig(Strict):
+class ModelConfig(StrictModel):
     path: str | None = Field(
         None, description="The starting weights: a local Hugging Face model directory, or a hub id such as "
         "Qwen/Qwen2.5-0.5B-Instruct where a hub is reachable; null builds the tiny model of model.tiny.")
@@ -98,7 +93,7 @@ class ModelConfig(Strict):
         return value
 
 
-class SandboxSection(Strict):
+class SandboxSection(StrictModel):
     """Code sandbox for `task.name: code`: `url` of a running service, or None to start one for the run."""
 
     url: str | None = Field(None, description="URL of a running tide-sandbox service; null: tide starts one for "
@@ -107,7 +102,7 @@ class SandboxSection(Strict):
                                   "tide starts (its containers' bundles and cgroups bookkeeping).")
 
 
-class EvalConfig(Strict):
+class EvalConfig(StrictModel):
     """The eval phase on held-out problems (orchestrator/iteration/evaluation.py): greedy pass@1, unbiased pass@k for k
     in {1, n_samples} of completions sampled from `sampling(rollout)` (by default the run's own distribution), mean
     reward; every `every` iterations (0: never)."""
@@ -133,7 +128,7 @@ class EvalConfig(Strict):
                                  top_k=rollout.top_k if self.top_k is None else self.top_k)
 
 
-class LoggingConfig(Strict):
+class LoggingConfig(StrictModel):
     """TensorBoard event files are always written (RUN_DIR/tb); `wandb` adds a Weights & Biases run
     (orchestrator/records/wandb_log.py), offline unless `mode: online`."""
 
@@ -156,7 +151,7 @@ class LoggingConfig(Strict):
         return value
 
 
-class PlacementConfig(Strict):
+class PlacementConfig(StrictModel):
     mode: Literal["colocated", "disaggregated"] | None = Field(
         None, description="`colocated`: the engines and the trainer ranks take turns on the same CPU cores (each "
         "phase gets them all); `disaggregated`: they get disjoint cores on CPU (placement.rollout_cpus for the "
@@ -175,7 +170,7 @@ class PlacementConfig(Strict):
         return self
 
 
-class TideConfig(Strict):
+class TideConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="The run's name; the run directory defaults to "
                       "runs/<name> under the working directory.")
     engine: Literal["megatron", "jax"] = Field(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ckpt_transfer.owners import pid_alive
 from orchestrator.records.tensorboard_log import TensorBoardLog
 
 CKPT_PREFIX = "iter_"
@@ -278,21 +279,13 @@ class RunDir:
             {"iteration": iteration, "parameter_digests": parameter_digests}, indent=1))
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _alive(pid: Any) -> bool:
+    return isinstance(pid, int) and pid_alive(pid)

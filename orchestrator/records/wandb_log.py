@@ -12,11 +12,12 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from ckpt_transfer.config import StrictModel
 
 
-class WandbConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WandbConfig(StrictModel):
 
     project: str = Field("tide", description="W&B project of the run.")
     entity: str | None = Field(None, description="W&B entity (user or team); null: your default entity.")

@@ -38,8 +38,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from ckpt_transfer.config import StrictModel
 from orchestrator.rewards.built_in import BUILTIN_FNS, BUILTINS, LENGTH, length_values
 from rollout.tasks.dataset import MISSING, field_value
 from rollout import UserFunctionError, load_function, resolve_in_config
@@ -51,10 +52,8 @@ VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")  #
 Style = Literal["auto", "trl", "verl"]
 
 
-class RewardSpec(BaseModel):
+class RewardSpec(StrictModel):
     """One entry of the YAML `rewards:` list."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fn: str = Field(description="A built-in (exact, numeric, math, code, length), `package.module:function` or "
                                 "`path/to/file.py:function`.")

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from ckpt_transfer.config import StrictModel
 
 from ..user_functions import resolve_in_config
 
 ENVIRONMENTS = ("guess", "code_feedback")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class PythonToolConfig(_Strict):
+class PythonToolConfig(StrictModel):
     """The built-in `python` tool: one sandbox session (a Jupyter-style interpreter) per trajectory."""
 
     cell_timeout_s: float = Field(10.0, gt=0, description="Seconds one call's code may run; past it the "
@@ -25,7 +23,7 @@ class PythonToolConfig(_Strict):
     memory_mb: int = Field(256, gt=0, description="Memory limit of each session's interpreter, in MiB.")
 
 
-class AgentConfig(_Strict):
+class AgentConfig(StrictModel):
     tools: list[str] = Field([], description="Tools the model may call: `python` (code run in a sandbox session "
                              "of the trajectory's own) and user functions, found as reward functions are: "
                              "\"path/to/file.py:function\" (relative to the config file's directory) or "

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from ckpt_transfer.config import StrictModel
 
 
-class SacConfig(BaseModel):
+class SacConfig(StrictModel):
     """Soft actor-critic (`algorithm: sac`). One update = `num_steps` vector env steps into the replay buffer, then
     `gradient_steps` gradient steps on sampled batches (each: twin critics, actor, temperature, Polyak targets)."""
-    model_config = ConfigDict(extra="forbid")
 
     buffer_size: int = Field(100_000, gt=0, description="Transitions the replay buffer holds per shard (on "
                              "device, flashbax).")
@@ -42,10 +43,9 @@ class SacConfig(BaseModel):
         return self
 
 
-class ImpalaConfig(BaseModel):
+class ImpalaConfig(StrictModel):
     """IMPALA-style actor/learner in one program (`algorithm: impala`): the vmapped actors act with the
     parameters the learner had `lag` updates before; the learner corrects with V-trace (Espeholt et al. 2018)."""
-    model_config = ConfigDict(extra="forbid")
 
     lag: int = Field(1, ge=0, description="Policy lag of the actors, in learner updates; 0: on-policy.")
     rho_bar: float = Field(1.0, gt=0, description="V-trace's truncation of the importance weights in the value "
@@ -65,8 +65,7 @@ PPO_ONLY = frozenset({"epochs", "minibatches", "gae_lambda", "clip_eps", "normal
 ACTOR_CRITIC_ONLY = frozenset({"ent_coef", "vf_coef", "max_grad_norm"})  # PPO and IMPALA (SAC: plain Adam)
 
 
-class JaxConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JaxConfig(StrictModel):
 
     algorithm: Literal["ppo", "sac", "impala"] = Field(
         "ppo", description="`ppo` (PPO with GAE), `sac` (soft actor-critic with a replay buffer, Box actions only; "
