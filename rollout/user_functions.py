@@ -1,5 +1,5 @@
 """Users' functions named in a config, found one way wherever they are named: reward functions (`rewards[].fn`,
-orchestrator/reward_functions.py) and tools (`agent.tools`, rollout/agent/tools.py).
+orchestrator/rewards/functions.py) and tools (`agent.tools`, rollout/agent/tools.py).
 
 - `path/to/file.py:function`: a file, relative to the config file's directory (as every path of a config is).
 - `package.module:function`: a module importable from the installed packages, the config file's directory or the
@@ -51,7 +51,7 @@ def resolve_spec(spec: str, config_dir: str | Path | None) -> str:
 
 def resolve_in_config(spec: str, info: ValidationInfo) -> str:
     """`resolve_spec` as a config's validator: the config file's directory from the validation context (set by
-    orchestrator.config.load_config)."""
+    orchestrator.config.schema.load_config)."""
     return resolve_spec(spec, (info.context or {}).get("config_dir"))
 
 

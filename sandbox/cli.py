@@ -76,7 +76,7 @@ def serve(host: str = "127.0.0.1", port: int = 8600,
 
 
 def _stop_when_orphaned(server, parent: int, poll_s: float = 0.5) -> None:
-    """A run's own service (orchestrator/sandbox_service.py) lives in a session of its own, so a signal to the
+    """A run's own service (orchestrator/workers/sandbox_service.py) lives in a session of its own, so a signal to the
     run's process group does not reach it. When the run dies without stopping it (SIGKILL, a crash in its
     teardown), the service is re-parented, and shuts down as on SIGTERM: its containers, mounts and cgroups go
     with it."""

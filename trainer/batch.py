@@ -16,7 +16,7 @@ class TrainSequence:
     ref_logprobs: list[float] = field(default_factory=list)  # frozen reference policy (with trainer.kl only)
     # With rollout.mismatch_correction, the engine's log-probs; old_logprobs then holds the trainer's own (pi_old
     # recomputed on the weights the engine sampled with) and is_weights each token's importance weight on the
-    # policy gradient (orchestrator/mismatch.py)
+    # policy gradient (orchestrator/iteration/mismatch.py)
     rollout_logprobs: list[float] = field(default_factory=list)
     is_weights: list[float] = field(default_factory=list)
     # Mixture-of-experts: the experts the rollout routed each input position to, int16 [len(prompt_ids) +

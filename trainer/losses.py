@@ -25,7 +25,7 @@ Losses (`trainer.loss`):
   With `adv_std_norm: false` it is the clipped surrogate with a group-mean baseline that tide once called
   `ppo_clip` (not PPO: there is no critic).
 
-`rollout.mismatch_correction` (orchestrator/mismatch.py: truncated, masked or IcePop importance sampling): the
+`rollout.mismatch_correction` (orchestrator/iteration/mismatch.py: truncated, masked or IcePop importance sampling): the
 engines sample from pi_rollout, which differs from the trainer's pi_old on the same weights (bfloat16, other
 kernels). `old_logp` is then the trainer's recomputed pi_old and each token's policy-gradient term is multiplied
 by its importance weight w_t (`is_weight`, computed by the driver, detached). For `kimi` the weight multiplies
@@ -243,7 +243,7 @@ def loglinear_proximal(logp_now: torch.Tensor, logp_behaviour: torch.Tensor, ste
     """`rollout.proximal: loglinear` (module docstring): per token, log pi_prox approximated from the current
     policy's log-probs `logp_now` (detached here) and the behaviour policy's, with `steps_behind` the optimizer
     steps from the token's sampler to pi_prox and `steps_taken` those since pi_prox; and the truncated importance
-    weight min(pi_prox / pi_b, tis_cap) (orchestrator/mismatch.py's tis). Both are constants of the loss.
+    weight min(pi_prox / pi_b, tis_cap) (orchestrator/iteration/mismatch.py's tis). Both are constants of the loss.
     `logp_prox` where `known` (bool): pi_prox itself, computed by the trainer, taken instead of the interpolation
     (the staleness-0 tokens of later mini-batches, whose d = 0 would make pi_prox the engine's)."""
     now, behaviour = logp_now.detach().float(), logp_behaviour.float()

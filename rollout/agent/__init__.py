@@ -1,6 +1,6 @@
 """Multi-turn agents: tool-call parsers, tools, environments, trajectories that keep the
 model's tokens as sampled, and the runner that drives them turn by turn on the engine; the `agent:` section
-(rollout/agent/config.py) puts them in the loop (orchestrator/agent_rollout.py)."""
+(rollout/agent/config.py) puts them in the loop (orchestrator/agents/agent_rollout.py)."""
 from .environments import CodeFeedback, Environment, GuessingGame, Step
 from .episodes import EnvEpisode, Episode, Reply, ToolEpisode
 from .parsers import PARSERS, HermesParser, Llama3JsonParser, ParsedTurn, ToolCall, ToolParser, get_parser

@@ -18,7 +18,7 @@ composition can move float results in the last bits: deterministic runs use lock
 is synchronous (the rollout group's `generate`): trajectories that become ready during a call wait for the next
 one, where vLLM's asynchronous engine would take them into the running batch.
 
-Partial trajectories (`run_open` with a segment budget; orchestrator/agent_partial.py): a trajectory that has
+Partial trajectories (`run_open` with a segment budget; orchestrator/agents/agent_partial.py): a trajectory that has
 sampled `segment_tokens` tokens in this run is set aside at its next turn boundary, after its episode's reply is
 inserted, and continued by a later run -- under the weights the engines serve then, its new tokens carrying that
 version -- from the very ids it holds."""

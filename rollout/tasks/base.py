@@ -16,7 +16,7 @@ class Problem:
     answer: str  # reference answer, or a JSON test spec for coding tasks
     messages: tuple[dict, ...] = ()  # a chat-format prompt ({role, content} each), rendered into `prompt`
     columns: dict[str, Any] = field(default_factory=dict, compare=False)  # a dataset row's other fields
-    # the prompt's token ids, set when the driver renders it (orchestrator/prompts.py); empty: the engines
+    # the prompt's token ids, set when the driver renders it (orchestrator/workers/prompts.py); empty: the engines
     # tokenise `prompt` themselves
     prompt_ids: tuple[int, ...] = ()
     # dataset rows: the column path `answer` was read from (`task.answer_field`); `columns` then hold the whole

@@ -1,5 +1,5 @@
 """A dataset's written tool-call demonstrations (`task.demonstrations_field`): per row, the chat messages that follow
-the prompt, OpenAI style, read into the form the warm start lays out (orchestrator/agent_rollout.py
+the prompt, OpenAI style, read into the form the warm start lays out (orchestrator/agents/agent_rollout.py
 `Agent.demonstrations`, as the tasks' own demonstrations are):
 
     [{"role": "assistant", "content": "", "tool_calls": [{"type": "function",

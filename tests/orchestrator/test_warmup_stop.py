@@ -1,6 +1,7 @@
 """trainer.warmup_sft_stop_loss: the warm-up ends once the mean loss of its last 10 steps is at most the bound,
 never before 10 steps, and never past warmup_sft_steps (orchestrator/iteration/warmup.py), on a trainer that only
-counts.""" from __future__ import annotations
+counts."""
+from __future__ import annotations
 
 from types import SimpleNamespace
 
