@@ -114,9 +114,9 @@ def test_separate_engine_process_killed_mid_generate_is_restarted_on_the_same_we
     """The engine process is a child of the actor: the actor starts a new one and the call completes. (An
     inline engine dies with its actor: tests/rollout/test_rollout_group.py.)"""
     args = (AdditionTask(2).problems(0, 5, 24), 4, 48, 1.0, 3)
-    assert ids(get(separate_engine.generate.remote(*args))) == ids(get(engine.generate.remote(*args)))
+    reference = get(separate_engine.generate.remote(*args))
+    assert ids(reference) == ids(get(engine.generate.remote(*args)))
     engine = separate_engine
-    reference = get(engine.generate.remote(*args))
     pid = get(engine.engine_pid.remote())
     tree = process_tree(pid)
     segments = engine_segments(tree)
