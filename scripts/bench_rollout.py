@@ -187,7 +187,7 @@ def main() -> None:
         cfg = EngineConfig(kv_cache_gb=1.0)
         variants = {"vllm-direct": cfg, "vllm-separate-process": cfg.model_copy(update={"engine_process": "separate"}),
                     "vllm-compiled": cfg.model_copy(update={"enforce_eager": False}),
-                    # tide caps oneDNN's primitive cache at 8 (rollout/engine.py): its default, 1024
+                    # tide caps oneDNN's primitive cache at 8 (rollout/engine_setup.py): its default, 1024
                     "vllm-onednn-cache-1024": cfg.model_copy(
                         update={"extra_env": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}})}
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
