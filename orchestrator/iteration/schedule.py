@@ -42,6 +42,18 @@ from rollout.samples import Sample
 from rollout.tasks import Problem
 
 AHEAD_FILE = "drawn_ahead.pkl"  # in a checkpoint directory: the batch drawn ahead for the next iteration
+# Where the classes a batch drawn ahead holds lived before the orchestrator's sub-packages (54c3dcd), so that a
+# checkpoint written before them still resumes
+_MOVED = {"orchestrator.scheduler": "orchestrator.iteration.schedule",
+          "orchestrator.agent_rollout": "orchestrator.agents.agent_rollout",
+          "orchestrator.partial_rollouts": "orchestrator.agents.partial_rollouts",
+          "orchestrator.agent_partial": "orchestrator.agents.agent_partial",
+          "orchestrator.prompts": "orchestrator.workers.prompts"}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        return super().find_class(_MOVED.get(module, module), name)
 
 
 @dataclass
@@ -218,7 +230,8 @@ class RolloutScheduler:
     def load_ahead(self, checkpoint_dir: Path | None) -> None:
         path = None if checkpoint_dir is None else checkpoint_dir / AHEAD_FILE
         if self.max_staleness and path is not None and path.is_file():
-            self._ready = pickle.loads(path.read_bytes())
+            with open(path, "rb") as f:
+                self._ready = _Unpickler(f).load()
 
     def __enter__(self) -> "RolloutScheduler":
         return self

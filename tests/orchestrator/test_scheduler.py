@@ -2,6 +2,7 @@
 a batch drawn ahead is finished before the engines' weights change, and that it survives a checkpoint."""
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -89,6 +90,20 @@ def test_a_failed_background_draw_surfaces_at_the_drain():
         scheduler.ahead(1)
         with pytest.raises(RuntimeError, match="engine died drawing iteration 2"):
             scheduler.drain()
+
+
+def test_a_batch_drawn_ahead_by_a_checkpoint_older_than_the_sub_packages_still_loads(tmp_path):
+    """A checkpoint written before the orchestrator's modules moved into sub-packages names their old paths."""
+    from orchestrator.iteration.schedule import AHEAD_FILE
+
+    drawn = Drawn(3, [], None, Rollout([]), 1, 0.0, 0.0, set_aside=["open"])
+    old = pickle.dumps(drawn, protocol=0).replace(b"orchestrator.iteration.schedule\n", b"orchestrator.scheduler\n")
+    old = old.replace(b"orchestrator.agents.agent_rollout\n", b"orchestrator.agent_rollout\n")
+    assert b"orchestrator.scheduler\n" in old and b"orchestrator.agent_rollout\n" in old
+    (tmp_path / AHEAD_FILE).write_bytes(old)
+    with RolloutScheduler(Engines().draw, 1, 2, 4) as scheduler:
+        scheduler.load_ahead(tmp_path)
+        assert scheduler.take(3) == drawn
 
 
 def test_the_batch_drawn_ahead_survives_a_checkpoint(tmp_path):
