@@ -126,7 +126,7 @@ def ray_cluster():
 def rank_pool(ray_cluster):
     """Trainer-rank processes shared by every TrainerGroup a test builds (`TrainerGroup(spec, pool=rank_pool)`):
     a group's start here is mostly its ranks importing torch and Megatron, which a pooled rank did once."""
-    from orchestrator.trainer_group import RankPool
+    from orchestrator.workers.trainer_group import RankPool
 
     pool = RankPool()
     try:
