@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pickle
 import threading
+from contextlib import contextmanager
 
 import pytest
 
 from orchestrator.agents.agent_rollout import Rollout
-from orchestrator.iteration.schedule import Drawn, RolloutScheduler
+from orchestrator.iteration.schedule import Around, Drawn, RolloutScheduler
 
 
 class Engines:
@@ -169,6 +170,71 @@ def test_weights_taken_in_flight_change_under_the_batch_being_drawn_once_its_dra
         scheduler.ahead(2)
     assert waiting.is_set()  # released by close, or the with-block would have waited 10 s for the draw
     assert order[-1] == ("draw", 3, 1, True)
+
+
+class Recorder:
+    """The run's side of `Around`: what the schedule timed (phases), checked and had the trainer keep, in order."""
+
+    def __init__(self, checkpoints: set[int]):
+        self.events: list[tuple] = []
+        self.checkpoints = checkpoints
+
+    @contextmanager
+    def phase(self, iteration: int, name: str):
+        self.events.append((name, iteration))
+        yield {}
+
+    def record_phase(self, rec) -> None:
+        self.events.append((rec.phase, rec.iteration))
+
+    def check(self, drawn: Drawn, iteration: int) -> None:
+        drawn.logprob_gap = 0.0  # as BatchChecks.drawn_ahead records it
+        self.events.append(("check", drawn.iteration, iteration))
+
+    def around(self) -> Around:
+        return Around(self, self.check, lambda: self.events.append(("keep",)), self.checkpoints.__contains__)
+
+
+def _loop(scheduler: RolloutScheduler, last: int) -> None:
+    """The calls loop.run_iterations makes on its schedule, iteration by iteration."""
+    for it in range(1, last + 1):
+        scheduler.begin(it, scheduler.take(it))
+        scheduler.training()
+        scheduler.published(it)
+        scheduler.synced(it)
+
+
+def test_the_loops_hooks_do_nothing_in_lockstep():
+    run = Recorder(checkpoints={2})
+    with RolloutScheduler(Engines().draw, 0, 0, 3, around=run.around()) as scheduler:
+        _loop(scheduler, 3)
+    assert run.events == []
+
+
+def test_a_batch_drawn_ahead_is_drained_before_each_sync_and_checked_once_when_trained_or_before_a_checkpoint():
+    """max_staleness 1: the trainer keeps the sampler while a batch is drawn ahead; the batch is drained when the
+    weights are published and checked when its iteration begins, or at the drain when a checkpoint (which does not
+    hold the trainer's snapshot) comes first."""
+    run = Recorder(checkpoints={2})
+    with RolloutScheduler(Engines().draw, 1, 0, 4, around=run.around()) as scheduler:
+        _loop(scheduler, 4)
+    assert run.events == [("keep",), ("drain", 1),
+                          ("rollout_ahead", 2), ("check", 2, 2), ("keep",), ("drain", 2), ("check", 3, 2),
+                          ("rollout_ahead", 3), ("keep",), ("drain", 3),
+                          ("rollout_ahead", 4), ("check", 4, 4), ("drain", 4)]
+
+
+def test_weights_taken_in_flight_drain_only_before_a_checkpoint():
+    def draw(iteration, version, carried, opened=None):
+        if opened is not None:
+            opened.set()
+        return Drawn(iteration, [], None, Rollout([]), version, 0.0, 0.0, in_flight=opened is not None)
+
+    run = Recorder(checkpoints={2})
+    with RolloutScheduler(draw, 1, 0, 3, in_flight=True, around=run.around()) as scheduler:
+        _loop(scheduler, 3)
+    assert run.events == [("keep",), ("rollout_ahead", 2), ("check", 2, 2), ("keep",), ("drain", 2),
+                          ("check", 3, 2), ("rollout_ahead", 3)]
 
 
 def test_a_negative_bound_is_refused():
