@@ -126,6 +126,27 @@ class TrainerConfig(StrictModel):
         "to its own longest only, so that a few long completions do not pad every short one to their length; a "
         "sequence longer than the budget gets a micro-batch of its own. null: micro_batch_size rows padded to the "
         "batch's longest. Needs trainer.parallel.pp 1 (a pipeline passes fixed shapes).")
+    # veRL's use_remove_padding, slime's and NeMo-RL's sequence packing (THD)
+    packing: bool = Field(
+        False, description="Pack each micro-batch into one row of sequences back to back (positions restarting at "
+        "each, attention confined to its own sequence), cut by trainer.micro_batch_tokens, padded only to a "
+        "tensor-parallel multiple; false: rows padded to a common length. Needs trainer.micro_batch_tokens and "
+        "trainer.attention sdpa.")
+    # transformers' attn_implementation names
+    attention: Literal["sdpa", "eager"] = Field(
+        "sdpa", description="The trainer's core attention: `sdpa` (torch's scaled_dot_product_attention: flash / "
+        "memory-efficient kernels, activations linear in the length) or `eager` (Megatron's local attention, "
+        "which keeps [heads, L, L] scores and probabilities for the backward pass; for comparison).")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Megatron's activation recompute: `selective` recomputes the core attention in the "
+        "backward pass, `full` each transformer layer (keeps only its input); `none` keeps every activation.")
+    logprob_chunk: int | None = Field(
+        4096, gt=0, description="Positions per chunk of the log-prob and entropy computation from the logits, "
+        "so that the [positions, vocabulary] float32 tensor exists for one chunk at a time (values and gradients "
+        "unchanged); null: the whole micro-batch at once.")
+    distributed_optimizer: bool | None = Field(
+        None, description="Megatron's distributed optimizer: optimizer state (and the fp32 main parameters) "
+        "sharded over the data-parallel ranks. null: on with backend nccl, off with gloo.")
     updates_per_iteration: int = Field(1, ge=1, description="Optimizer steps per pass over an iteration's "
                                        "samples: the samples are cut into this many mini-batches.")
     epochs: int = Field(1, ge=1, description="Passes over each iteration's samples: epochs x "
@@ -169,6 +190,11 @@ class TrainerConfig(StrictModel):
         if self.micro_batch_tokens is not None and self.parallel.pp > 1:
             raise ValueError("trainer.micro_batch_tokens: a pipeline (trainer.parallel.pp > 1) passes activations of "
                              "one shape between stages; use micro_batch_size")
+        if self.packing and self.micro_batch_tokens is None:
+            raise ValueError("trainer.packing needs trainer.micro_batch_tokens: the positions of one packed row")
+        if self.packing and self.attention != "sdpa":
+            raise ValueError("trainer.packing needs trainer.attention 'sdpa' (Megatron's eager attention takes no "
+                             "packed sequences)")
         if self.loss != "grpo" and grpo_only:
             raise ValueError(f"trainer.{grpo_only[0]} applies to loss 'grpo' only (kimi averages over "
                              f"completions as the paper does, kimi_token over tokens)")
