@@ -15,6 +15,7 @@ import torch
 from trainer.batch import TrainSequence
 from trainer.config import TrainerSpec
 from trainer.megatron.micro_batches import MicroBatcher
+from trainer.megatron.packing import packed_seq_params
 
 if TYPE_CHECKING:
     from trainer.megatron.routing_replay import RoutingPass
@@ -221,7 +222,8 @@ class MegatronRank:
             # set here serve its forward only
             routing_replay.set_targets(routers, mb["routing"] if uses_routing else None, routing)
             with native_torch():  # the model's forward names no device of its own
-                out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None)
+                out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
+                            packed_seq_params=packed_seq_params(mb, device))
             return out, partial(loss_fn, mb)
 
         try:
