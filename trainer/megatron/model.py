@@ -53,7 +53,18 @@ def check_layout(arch: dict, *, vocab_size: int, tp: int, pp: int, ep: int) -> N
             raise LayoutError(f"the model's {what} ({size}) is not divisible by {knob} ({parts})")
 
 
-def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torch.dtype, deterministic: bool):
+# trainer.recompute as megatron-core 0.19's TransformerConfig fields: `selective` checkpoints the core attention
+# (its output is recomputed from q, k, v in the backward pass), `full` each transformer layer (only its input kept;
+# "uniform" with one layer per unit: every layer its own checkpoint)
+RECOMPUTE: dict[str, dict[str, Any]] = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+}
+
+
+def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torch.dtype, deterministic: bool,
+                       recompute: str = "none"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from ckpt_transfer.convert import family
@@ -85,6 +96,7 @@ def transformer_config(hf_config: Any, *, tp: int, pp: int, ep: int, dtype: torc
         # Megatron refuses MoE layers under tensor parallelism without it (the experts' token dispatch expects
         # sequence-split activations)
         sequence_parallel=tp > 1 and bool(arch.get("num_moe_experts")),
+        **RECOMPUTE[recompute],
     )
 
 

@@ -82,7 +82,7 @@ class MegatronRank:
 
         s, t = self.spec, self.spec.trainer
         self.config = transformer_config(self.hf_config, tp=t.parallel.tp, pp=t.parallel.pp, ep=t.parallel.ep,
-                                         dtype=self.dtype, deterministic=s.deterministic)
+                                         dtype=self.dtype, deterministic=s.deterministic, recompute=t.recompute)
         module = self._new_module()
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)

@@ -24,22 +24,36 @@ class ReplaySlot(RouterReplay):
         self.layer = layer  # index of the hidden layer in the rollout's records (layer_number - 1)
         self.replay = False
         self.counts: torch.Tensor | None = None
+        # (target, replay) of each forward run inside an activation checkpoint (trainer.recompute full), oldest
+        # first: its recomputation in the backward pass routes as it did. Megatron's schedules run a micro-batch's
+        # backward after its forward, in forward order (also 1F1B), when set_targets may already hold a later
+        # micro-batch's routing; Megatron's own RouterReplay keeps such a queue (replay_backward_list).
+        self.checkpointed: list[tuple[torch.Tensor | None, bool]] = []
 
     def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+        from megatron.core.tensor_parallel.random import is_checkpointing
+
         probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
-        target = self.target_topk_idx
+        # a checkpoint's first forward runs without grad, its recomputation in the backward pass with
+        recomputed = is_checkpointing() and torch.is_grad_enabled()
+        if recomputed:
+            target, replay = self.checkpointed.pop(0)
+        else:
+            target, replay = self.target_topk_idx, self.replay
+            if is_checkpointing():
+                self.checkpointed.append((target, replay))
         if target is None:
             return probs, own
         target = target.to(scores.device)
         given = target[:, 0] >= 0  # -1: the rollout did not route this token (padding, unrecorded)
         used = own
-        if self.replay:
+        if replay:
             # R3, Rollout Routing Replay ("Stabilizing MoE Reinforcement Learning by Aligning Training and
             # Inference Routers", Ma et al. 2025, arXiv 2510.11370): the experts are the rollout's, the gate
             # weights the trainer's own scores at those experts, so the router still gets its gradient.
             used = torch.where(given.unsqueeze(1), target, own)
             probs = scores.gather(1, used)
-        if self.counts is not None:
+        if self.counts is not None and not recomputed:  # counted once, in the forward
             def differs(idx):
                 return ((idx.sort(dim=1).values != target.sort(dim=1).values).any(dim=1) & given).sum()
 
@@ -86,12 +100,14 @@ def set_targets(slots: list[ReplaySlot], routing: torch.Tensor | None, how: Rout
 
 
 def take_counts(slots: list[ReplaySlot]) -> torch.Tensor:
-    """The counts measured since the last take, summed over this rank's routers; the slots stop measuring."""
+    """The counts measured since the last take, summed over this rank's routers; the slots stop measuring and
+    forget their checkpointed routings (rank.run takes them once its schedule, every backward included, is done)."""
     total = torch.zeros(len(COUNTS), dtype=torch.long)
     for slot in slots:
         if slot.counts is not None:
             total += slot.counts
-        slot.counts, slot.target_topk_idx = None, None
+        # a forward-only pass under checkpoints (the model in training mode) leaves its routings unconsumed
+        slot.counts, slot.target_topk_idx, slot.checkpointed = None, None, []
     return total
 
 
