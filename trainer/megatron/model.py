@@ -108,9 +108,10 @@ def expert_tensor_parallel_size(hf_config: Any, tp: int) -> int:
     return tp if getattr(family(hf_config), "EXPERT_TENSOR_PARALLEL", True) else 1
 
 
-def layer_spec(hf_config: Any, config):
+def layer_spec(hf_config: Any, config, attention: str = "sdpa"):
     """The Megatron layer spec of the model: the family's own (heterogeneous layers, multi-latent attention), else
-    the local spec (no Transformer Engine) of a uniform decoder."""
+    the local spec (no Transformer Engine) of a uniform decoder; `attention` sdpa: its core attention on torch's
+    scaled_dot_product_attention (trainer/megatron/attention.py), eager: Megatron's local one."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from ckpt_transfer.convert import family
@@ -121,7 +122,42 @@ def layer_spec(hf_config: Any, config):
     else:
         spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                         qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    if attention == "sdpa":
+        spec = _with_fused_attention(spec)
+    elif attention != "eager":
+        raise ValueError(f"trainer.attention {attention!r}: expected sdpa or eager")
     return _with_sequence_parallel_norms(spec, config) if config.sequence_parallel else spec
+
+
+def _swapped(node, swap):
+    """A copy of the spec tree `node` with each module class `c` replaced by `swap(c)`."""
+    import copy
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    def walk(node):
+        if isinstance(node, type):
+            return swap(node)
+        if isinstance(node, ModuleSpec):
+            node.module, node.submodules = walk(node.module), walk(node.submodules)
+        elif dataclasses.is_dataclass(node):
+            for f in dataclasses.fields(node):
+                setattr(node, f.name, walk(getattr(node, f.name)))
+        elif isinstance(node, list):
+            return [walk(x) for x in node]
+        return node
+
+    return walk(copy.deepcopy(node))
+
+
+def _with_fused_attention(spec):
+    """The spec with every core attention (DotProductAttention or a family's subclass of it) on SDPA."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from trainer.megatron.attention import fused_attention_class
+
+    return _swapped(spec, lambda c: fused_attention_class(c) if issubclass(c, DotProductAttention) else c)
 
 
 class SequenceParallelRMSNorm(torch.nn.RMSNorm):
@@ -138,39 +174,23 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
 
 def _with_sequence_parallel_norms(spec, config):
     """The spec as a block spec (the final norm included) with every torch norm a SequenceParallelRMSNorm."""
-    import copy
-    import dataclasses
-
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    def swap(node):
-        if node is WrappedTorchNorm:
-            return SequenceParallelRMSNorm
-        if isinstance(node, ModuleSpec):
-            node.module, node.submodules = swap(node.module), swap(node.submodules)
-        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-            for f in dataclasses.fields(node):
-                setattr(node, f.name, swap(getattr(node, f.name)))
-        elif isinstance(node, list):
-            return [swap(x) for x in node]
-        return node
-
     if config.normalization != "RMSNorm":
         raise ValueError("sequence parallelism is implemented for RMSNorm models only")
-    spec = copy.deepcopy(spec)
     if isinstance(spec, ModuleSpec) and not isinstance(spec.submodules, TransformerBlockSubmodules):
         spec = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=WrappedTorchNorm)
-    return swap(spec)
+    return _swapped(spec, lambda c: SequenceParallelRMSNorm if c is WrappedTorchNorm else c)
 
 
-def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool):
+def build_gpt(hf_config: Any, config, *, pre_process: bool, post_process: bool, attention: str = "sdpa"):
     from megatron.core.models.gpt import GPTModel
 
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(hf_config, config),
+        transformer_layer_spec=layer_spec(hf_config, config, attention),
         vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
