@@ -8,6 +8,7 @@ from typing import Callable, Literal
 import torch
 
 from trainer.batch import TokenDistribution
+from trainer.megatron.packing import unpack
 from trainer.sampling import entropy, entropy_from_partials, entropy_partials, processed_logits
 
 EntropyMode = Literal["no", "metric", "grad"]
@@ -18,20 +19,21 @@ def token_logprobs(output: torch.Tensor, mb: dict, dist: TokenDistribution,
                    with_entropy: EntropyMode = "no") -> tuple[torch.Tensor, torch.Tensor | None]:
     """The labels' log-probs [b, s] of micro-batch `mb` under `dist` (tempered and, when the rollout truncated,
     truncated over the whole vocabulary), differentiable, and the entropy of `dist` at each position [b, s]
-    (`metric`: without gradient, `grad`: differentiable, `no`: None)."""
+    (`metric`: without gradient, `grad`: differentiable, `no`: None). A packed micro-batch's come as one row per
+    sequence (packing.unpack)."""
     from megatron.core import parallel_state as ps, tensor_parallel as tpl
 
     labels = mb["labels"].to(output.device)
     if dist.truncates or ps.get_tensor_model_parallel_world_size() == 1:
         z = processed_logits(tpl.gather_from_tensor_model_parallel_region(output), labels, dist)
         logp = z.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        return logp, position_entropy(z, with_entropy, entropy)
+        return unpack(logp, mb), unpack(position_entropy(z, with_entropy, entropy), mb)
     z = output.float() / dist.temperature
     ent = position_entropy(z, with_entropy, vocab_parallel_entropy)
     # Megatron's vocab-parallel cross entropy shifts and exponentiates its input in place: it gets a copy
     # where the entropy's backward still needs z
     logp = -tpl.vocab_parallel_cross_entropy(z.clone() if with_entropy == "grad" else z, labels)
-    return logp, ent
+    return unpack(logp, mb), unpack(ent, mb)
 
 
 def position_entropy(z: torch.Tensor, mode: EntropyMode,

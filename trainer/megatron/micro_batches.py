@@ -16,11 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from trainer.batch import TrainSequence
-
-
-def positions(s: TrainSequence) -> int:
-    """Input positions of a sequence: position t predicts token t + 1."""
-    return len(s.prompt_ids) + len(s.completion_ids) - 1
+from trainer.megatron.packing import packed_groups, packed_micro_batch
+from trainer.megatron.token_fields import per_token_rows, positions
 
 
 @dataclass(frozen=True)
@@ -32,6 +29,7 @@ class MicroBatcher:
     rows: int
     token_budget: int | None
     position_parts: int
+    packed: bool = False
 
     def padded_len(self, n_positions: int) -> int:
         return -(-n_positions // self.position_parts) * self.position_parts
@@ -44,7 +42,10 @@ class MicroBatcher:
                       dp: int, dp_rank: int) -> list[dict]:
         """Data-parallel rank `dp_rank`'s micro-batches (of `dp`) of the sequences `chunk`, padded to `seq_len` (with a
         token budget: each to its own longest)."""
-        if self.token_budget:
+        if self.packed:
+            groups = packed_groups([[(i, positions(seqs[i])) for i in chunk[k::dp]] for k in range(dp)],
+                                   self.token_budget)[dp_rank]
+        elif self.token_budget:
             groups = self._token_budget_groups(seqs, chunk, dp, dp_rank)
         else:
             idx = chunk[dp_rank::dp]
@@ -54,42 +55,18 @@ class MicroBatcher:
             idx = idx + [-1] * (n_mbs * rows_per_mb - len(idx))
             groups = [idx[start:start + rows_per_mb] for start in range(0, len(idx), rows_per_mb)]
         stand_in = seqs[chunk[0]]
-
-        def seq(i: int) -> TrainSequence:
-            return seqs[i] if i >= 0 else stand_in
-
-        def rows(chosen: list[int], field, seq_len: int) -> list[list]:
-            out = []
-            for i in chosen:
-                s = seq(i)
-                p, c = len(s.prompt_ids), len(s.completion_ids)
-                values = (field(s) or [0.0] * c) if i >= 0 else [0.0] * c
-                out.append([0.0] * (p - 1) + list(values) + [0.0] * (seq_len - p + 1 - c))
-            return out
-
-        from trainer.megatron.routing_replay import micro_batch_routing
-
         mbs = []
         for chosen in groups:
-            if self.token_budget:  # padded to its own longest (the pipeline's fixed shape: pp 1)
-                seq_len = self.padded_len(max(positions(seq(i)) for i in chosen))
-            full = [seq(i).prompt_ids + seq(i).completion_ids for i in chosen]
-            tokens = torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
-            labels = torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long)
-            mask = torch.tensor(rows(chosen, lambda s: s.trained_mask, seq_len), dtype=torch.float32)
-            old = torch.tensor(rows(chosen, lambda s: s.old_logprobs, seq_len), dtype=torch.float32)
-            ref = torch.tensor(rows(chosen, lambda s: s.ref_logprobs, seq_len), dtype=torch.float32)
-            behaviour = torch.tensor(rows(chosen, lambda s: s.rollout_logprobs, seq_len), dtype=torch.float32)
-            is_weight = torch.tensor(rows(chosen, lambda s: s.is_weights, seq_len), dtype=torch.float32)
-            versions = torch.tensor(rows(chosen, lambda s: s.versions, seq_len), dtype=torch.float32)
-            routing = micro_batch_routing(
-                [seqs[i].routed_experts if i >= 0 else None for i in chosen],
-                [positions(seq(i)) for i in chosen], seq_len)
-            mbs.append(dict(index=chosen, tokens=tokens, labels=labels, mask=mask, old=old, ref=ref,
-                            rollout=behaviour, is_weight=is_weight, versions=versions, routing=routing,
-                            position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(chosen), -1),
-                            adv=None if adv is None else torch.stack([adv[i] if i >= 0 else adv.new_zeros(())
-                                                                      for i in chosen])))
+            rows = [seqs[i] if i >= 0 else stand_in for i in chosen]
+            if self.packed:
+                mb = packed_micro_batch(rows, [i >= 0 for i in chosen], self.position_parts)
+            else:
+                if self.token_budget:  # padded to its own longest (the pipeline's fixed shape: pp 1)
+                    seq_len = self.padded_len(max(positions(s) for s in rows))
+                mb = padded_micro_batch(rows, [i >= 0 for i in chosen], seq_len)
+            mb.update(index=chosen, adv=None if adv is None else torch.stack(
+                [adv[i] if i >= 0 else adv.new_zeros(()) for i in chosen]))
+            mbs.append(mb)
         return mbs
 
     def _token_budget_groups(self, seqs: list[TrainSequence], chunk: list[int], dp: int,
@@ -113,3 +90,13 @@ class MicroBatcher:
         shares = [cut(chunk[k::dp]) for k in range(dp)]
         n = max(len(g) for g in shares)
         return shares[dp_rank] + [[-1]] * (n - len(shares[dp_rank]))
+
+
+def padded_micro_batch(rows: list[TrainSequence], real: list[bool], seq_len: int) -> dict:
+    """[len(rows), seq_len] tensors: each sequence in a row of its own, padded to `seq_len`."""
+    full = [s.prompt_ids + s.completion_ids for s in rows]
+    return dict(tokens=torch.tensor([f[:-1] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long),
+                labels=torch.tensor([f[1:] + [0] * (seq_len + 1 - len(f)) for f in full], dtype=torch.long),
+                position_ids=torch.arange(seq_len).unsqueeze(0).expand(len(rows), -1),
+                **per_token_rows(rows, real, seq_len))
+

@@ -90,7 +90,7 @@ class MegatronRank:
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
         self.batcher = MicroBatcher(
-            rows=t.micro_batch_size, token_budget=t.micro_batch_tokens,
+            rows=t.micro_batch_size, token_budget=t.micro_batch_tokens, packed=t.packing,
             # sequence parallelism splits the positions over the tensor-parallel ranks
             position_parts=self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1)
 
@@ -99,7 +99,7 @@ class MegatronRank:
         from trainer.megatron.model import build_gpt
 
         module = build_gpt(self.hf_config, self.config, pre_process=self.ps.is_pipeline_first_stage(),
-                           post_process=self.ps.is_pipeline_last_stage())
+                           post_process=self.ps.is_pipeline_last_stage(), attention=self.spec.trainer.attention)
         if self.dtype != torch.float32:
             # What Megatron's Float16Module does (without renaming every parameter `module.*`): the norms too,
             # so every parameter gets an fp32 main copy in the mixed-precision optimizer. Inputs are token

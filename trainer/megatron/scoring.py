@@ -8,6 +8,7 @@ import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.megatron.logprobs import token_logprobs
+from trainer.megatron.packing import unpack
 from trainer.sampling import kl_distribution
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def logits(rank: MegatronRank, token_lists: list[list[int]]) -> list[torch.Tenso
     mbs = rank.micro_batches(seqs, list(range(len(seqs))), None, seq_len, split=False)
 
     def loss_fn(mb, output):
-        full = gather_from_tensor_model_parallel_region(output.float())
+        full = unpack(gather_from_tensor_model_parallel_region(output.float()), mb)
         return output.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
 
     out, _ = rank.run(mbs, loss_fn, seq_len, forward_only=True)
