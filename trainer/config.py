@@ -125,7 +125,7 @@ class TrainerConfig(StrictModel):
         "the longest row) instead of micro_batch_size rows: its sequences sorted by length, each micro-batch padded "
         "to its own longest only, so that a few long completions do not pad every short one to their length; a "
         "sequence longer than the budget gets a micro-batch of its own. null: micro_batch_size rows padded to the "
-        "batch's longest. Needs trainer.parallel.pp 1 (a pipeline passes fixed shapes).")
+        "batch's longest. With a pipeline (trainer.parallel.pp > 1) the stages send each activation's shape first.")
     # veRL's use_remove_padding, slime's and NeMo-RL's sequence packing (THD)
     packing: bool = Field(
         False, description="Pack each micro-batch into one row of sequences back to back (positions restarting at "
@@ -187,9 +187,6 @@ class TrainerConfig(StrictModel):
             raise ValueError("set trainer.clip_eps or trainer.clip_eps_low/clip_eps_high, not both")
         grpo_only = [k for k in ("clip_eps", "clip_eps_low", "clip_eps_high") if getattr(self, k) is not None]
         grpo_only += ["loss_agg"] if self.loss_agg != "token_mean" else []
-        if self.micro_batch_tokens is not None and self.parallel.pp > 1:
-            raise ValueError("trainer.micro_batch_tokens: a pipeline (trainer.parallel.pp > 1) passes activations of "
-                             "one shape between stages; use micro_batch_size")
         if self.packing and self.micro_batch_tokens is None:
             raise ValueError("trainer.packing needs trainer.micro_batch_tokens: the positions of one packed row")
         if self.packing and self.attention != "sdpa":

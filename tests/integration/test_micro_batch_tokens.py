@@ -56,8 +56,3 @@ def test_token_budget_micro_batches_compute_what_fixed_rows_do(ray_cluster, rank
     assert rows[2]["optimizer_steps"] == budget[2]["optimizer_steps"] == 2
     assert max(abs(a - b) for a, b in zip(flat[2], flat[0])) > 1e-3  # the step moved the policy...
     assert flat[3] == pytest.approx(flat[2], abs=1e-4)  # ...alike
-
-
-def test_a_pipeline_cannot_take_a_token_budget():
-    with pytest.raises(ValueError, match="trainer.micro_batch_tokens: a pipeline"):
-        TrainerConfig(micro_batch_tokens=512, parallel=ParallelConfig(pp=2))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.batch import TrainBatch, TrainSequence
-from trainer.config import MoEConfig, TrainerConfig, TrainerSpec
+from trainer.config import MoEConfig, ParallelConfig, TrainerConfig, TrainerSpec
 from trainer.megatron.packing import packed_groups, packed_micro_batch, unpack
 from trainer.megatron.token_fields import positions
 
@@ -56,15 +56,18 @@ def test_a_packed_row_restarts_positions_and_maps_each_sequence_back_to_its_row(
 
 
 # ---- through the ranks -----------------------------------------------------------------------------------------
-def _group(rank_pool, model_dir, packed: bool, **trainer):
+def _group(rank_pool, model_dir, packed: bool | str, **trainer):
+    """`packed` True: packed rows; "budget": rows cut by the same token budget, padded to their longest; False:
+    3 rows per micro-batch."""
     from orchestrator.workers.trainer_group import TrainerGroup
 
-    budget = dict(packing=True, micro_batch_tokens=48) if packed else dict(micro_batch_size=3)
+    budget = (dict(packing=True, micro_batch_tokens=48) if packed is True else dict(micro_batch_tokens=48)
+              if packed == "budget" else dict(micro_batch_size=3))
     return TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(**budget, **trainer)),
                         pool=rank_pool)
 
 
-def _train_and_score(rank_pool, model_dir, packed: bool, seqs: list[TrainSequence], **trainer):
+def _train_and_score(rank_pool, model_dir, packed: bool | str, seqs: list[TrainSequence], **trainer):
     group = _group(rank_pool, model_dir, packed, **trainer)
     try:
         batch = TrainBatch([TrainSequence(s.prompt_ids, s.completion_ids, reward=s.reward, group=s.group,
@@ -147,3 +150,14 @@ def test_a_packed_sequence_never_attends_to_the_others(ray_cluster, rank_pool, t
         group.shutdown()
     assert max(abs(a - b) for a, b in zip(together[3], alone[0])) <= 1e-6
     assert max(abs(a - b) for a, b in zip(shuffled[3], alone[0])) <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_pipeline_trains_packed_and_token_budget_micro_batches_as_fixed_rows(ray_cluster, rank_pool, tiny_model_dir):
+    """Two pipeline stages: micro-batches of other shapes each (packed rows, rows cut by a token budget) pass
+    between the stages with their shapes sent first (Megatron's variable_seq_lengths) and train as fixed rows do."""
+    seqs = _seqs(5, 10)
+    kw = dict(loss="grpo", parallel=ParallelConfig(pp=2))
+    rows = _train_and_score(rank_pool, tiny_model_dir, False, seqs, **kw)
+    _assert_same_training(rows, _train_and_score(rank_pool, tiny_model_dir, True, seqs, **kw))
+    _assert_same_training(rows, _train_and_score(rank_pool, tiny_model_dir, "budget", seqs, **kw))

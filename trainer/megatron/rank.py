@@ -83,6 +83,9 @@ class MegatronRank:
         s, t = self.spec, self.spec.trainer
         self.config = transformer_config(self.hf_config, tp=t.parallel.tp, pp=t.parallel.pp, ep=t.parallel.ep,
                                          dtype=self.dtype, deterministic=s.deterministic, recompute=t.recompute)
+        # micro-batches cut by a token budget (padded to their own longest, or packed) differ in shape: pipeline
+        # stages then send each activation's shape before it (Megatron's variable_seq_lengths)
+        self.config.variable_seq_lengths = t.parallel.pp > 1 and t.micro_batch_tokens is not None
         module = self._new_module()
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)
