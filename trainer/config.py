@@ -146,7 +146,9 @@ class TrainerConfig(StrictModel):
         "unchanged); null: the whole micro-batch at once.")
     distributed_optimizer: bool | None = Field(
         None, description="Megatron's distributed optimizer: optimizer state (and the fp32 main parameters) "
-        "sharded over the data-parallel ranks. null: on with backend nccl, off with gloo.")
+        "sharded over the data-parallel ranks (gradients reduce-scattered, parameters all-gathered; works on gloo "
+        "too). null: on with backend nccl, off with gloo. A checkpoint resumes with the same setting and, with it "
+        "on, the same tp, pp and ep.")
     updates_per_iteration: int = Field(1, ge=1, description="Optimizer steps per pass over an iteration's "
                                        "samples: the samples are cut into this many mini-batches.")
     epochs: int = Field(1, ge=1, description="Passes over each iteration's samples: epochs x "
@@ -196,6 +198,11 @@ class TrainerConfig(StrictModel):
             raise ValueError(f"trainer.{grpo_only[0]} applies to loss 'grpo' only (kimi averages over "
                              f"completions as the paper does, kimi_token over tokens)")
         return self
+
+    @property
+    def uses_distributed_optimizer(self) -> bool:
+        """trainer.distributed_optimizer resolved: null means on with nccl, off with gloo."""
+        return self.backend == "nccl" if self.distributed_optimizer is None else self.distributed_optimizer
 
     def loss_spec(self) -> LossSpec:
         eps = 0.2 if self.clip_eps is None else self.clip_eps

@@ -39,6 +39,34 @@ def _optimizer_has_state(rank: MegatronRank) -> bool:
     return any(len(state) > 0 for o in chained for state in o.optimizer.state.values())
 
 
+def _optimizer_metadata(rank: MegatronRank) -> dict:
+    """How Megatron lays out a distributed optimizer's state in the checkpoint: `dp_reshardable` (each rank's
+    buffers as they are; loads into another data-parallel degree only). megatron-core 0.19's default
+    (fully_sharded_model_space) refuses to save ("ShardedTensor.flattened_range is not supported"), and its
+    `fully_reshardable` fails to load into torch's Adam (KeyError 'step': it skips the per-parameter step that
+    torch's Adam keeps)."""
+    if not rank.spec.trainer.uses_distributed_optimizer:
+        return {}
+    return {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _restore_adam_steps(rank: MegatronRank) -> None:
+    """megatron-core 0.19's distributed optimizer over torch's Adam (no Transformer Engine or apex) saves Adam's step
+    count in its parameter groups; loading, it hands every parameter's state one shared `step` tensor, which the
+    dp_reshardable parameter state then overwrites with the live optimizer's (not the checkpoint's) count. Adam's
+    bias corrections then run with the wrong step and a resumed run diverges (measured on a tiny model: the first
+    loss after a resume off by 8e-5). Each state gets its own tensor of its group's saved count."""
+    for optimizer in getattr(rank.optimizer, "chained_optimizers", [rank.optimizer]):
+        inner = optimizer.optimizer
+        for group in inner.param_groups:
+            if "step" not in group:  # a plain (non-distributed) optimizer: torch's own state, loaded as saved
+                continue
+            for p in group["params"]:
+                state = inner.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = torch.tensor(float(group["step"]), dtype=state["step"].dtype)
+
+
 def _sharded_state(rank: MegatronRank, is_loading: bool, with_rng: bool = True, with_optimizer: bool = True) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -56,7 +84,8 @@ def _sharded_state(rank: MegatronRank, is_loading: bool, with_rng: bool = True, 
              ps.get_expert_model_parallel_world_size())
     state = {"model": model_sd}
     if with_optimizer:
-        state["optimizer"] = rank.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        state["optimizer"] = rank.optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                               metadata=_optimizer_metadata(rank))
     if rank.reference is not None:
         state["reference"] = rank.reference.sharded_state_dict(prefix="reference.")
     if with_rng:
@@ -76,8 +105,9 @@ def save_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
     with_optimizer = _optimizer_has_state(rank)
     if rank.rank == 0:
         target.mkdir(parents=True, exist_ok=True)
-        (Path(ckpt_dir) / "layout.json").write_text(json.dumps(_layout_record(rank)
-                                                               | {"optimizer_state": with_optimizer}))
+        (Path(ckpt_dir) / "layout.json").write_text(json.dumps(
+            _layout_record(rank) | {"optimizer_state": with_optimizer,
+                                    "distributed_optimizer": rank.spec.trainer.uses_distributed_optimizer}))
     torch.distributed.barrier()
     dist_checkpointing.save(_sharded_state(rank, is_loading=False, with_optimizer=with_optimizer), str(target))
     torch.distributed.barrier()
@@ -95,7 +125,18 @@ def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
     saved_file = Path(ckpt_dir) / "layout.json"
     saved = json.loads(saved_file.read_text()) if saved_file.exists() else _layout_record(rank)
     with_optimizer = saved.pop("optimizer_state", True)  # False: saved before any step (see save_checkpoint)
+    distributed = rank.spec.trainer.uses_distributed_optimizer
+    saved_distributed = saved.pop("distributed_optimizer", False)
+    if with_optimizer and saved_distributed != distributed:
+        raise ValueError(f"{ckpt_dir} holds the optimizer state of {'a plain' if distributed else 'a distributed'} "
+                         f"optimizer: resume with trainer.distributed_optimizer {not distributed} (Megatron's two "
+                         f"optimizers lay their state out differently)")
     same_layout = saved == _layout_record(rank)
+    if not same_layout and with_optimizer and distributed:
+        raise LayoutError(
+            f"{ckpt_dir} was saved with tp={saved['tp']} pp={saved['pp']} ep={saved['ep']}: the distributed "
+            f"optimizer's state (Megatron's dp_reshardable format) loads into another data-parallel degree only; "
+            f"resume with the saved trainer.parallel tp, pp and ep")
     if not same_layout and saved.get("moe"):
         raise LayoutError(
             f"{ckpt_dir} holds a mixture-of-experts checkpoint saved with tp={saved['tp']} pp={saved['pp']} "
@@ -106,7 +147,11 @@ def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
         str(Path(ckpt_dir) / "megatron"))
     rank.module.load_state_dict(state["model"])
     if with_optimizer:
-        rank.optimizer.load_state_dict(state["optimizer"])
+        # megatron-core 0.19's distributed optimizer copies dp_reshardable state into its main parameters
+        # outside no_grad: in float32 those are views of the model's parameters, which autograd refuses
+        with torch.no_grad():
+            rank.optimizer.load_state_dict(state["optimizer"])
+        _restore_adam_steps(rank)
     else:
         rank.reset_optimizer()  # as it was when saved: no moments, step 0
     if rank.reference is not None:

@@ -88,7 +88,7 @@ class MegatronRank:
         self.config.variable_seq_lengths = t.parallel.pp > 1 and t.micro_batch_tokens is not None
         module = self._new_module()
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=False)
+                                                   use_distributed_optimizer=t.uses_distributed_optimizer)
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
@@ -171,7 +171,8 @@ class MegatronRank:
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=t.lr, min_lr=t.lr, weight_decay=t.weight_decay,
                             clip_grad=t.grad_clip, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
-                            fp16=self.dtype == torch.float16, use_distributed_optimizer=False),
+                            fp16=self.dtype == torch.float16,
+                            use_distributed_optimizer=t.uses_distributed_optimizer),
             [self.model],
         )
 
