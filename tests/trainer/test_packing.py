@@ -161,3 +161,15 @@ def test_a_pipeline_trains_packed_and_token_budget_micro_batches_as_fixed_rows(r
     rows = _train_and_score(rank_pool, tiny_model_dir, False, seqs, **kw)
     _assert_same_training(rows, _train_and_score(rank_pool, tiny_model_dir, True, seqs, **kw))
     _assert_same_training(rows, _train_and_score(rank_pool, tiny_model_dir, "budget", seqs, **kw))
+
+
+@pytest.mark.slow
+def test_sequence_parallel_packs_to_a_tensor_parallel_multiple(ray_cluster, rank_pool, tiny_moe_dir):
+    """An MoE under tensor parallelism runs sequence parallel: each packed row is padded to a multiple of the two
+    ranks with a pad segment of its own, and trains as fixed rows do."""
+    seqs = _seqs(9, 7)
+    groups = packed_groups([[(i, positions(s)) for i, s in enumerate(seqs)]], budget=48)[0]
+    assert any(sum(positions(seqs[i]) for i in g) % 2 for g in groups)  # a packed row needs its pad segment
+    kw = dict(loss="grpo", parallel=ParallelConfig(tp=2))
+    _assert_same_training(_train_and_score(rank_pool, tiny_moe_dir, False, seqs, **kw),
+                          _train_and_score(rank_pool, tiny_moe_dir, True, seqs, **kw), relative=True)
