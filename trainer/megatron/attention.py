@@ -6,7 +6,7 @@ a fused kernel by device (FlashAttention-2 / memory-efficient on CUDA, the flash
 output and a log-sum-exp per query: activations linear in L (Dao 2023, "FlashAttention-2"). What the fused kernels
 do not take is mapped onto what they do, exactly:
 
-- grouped-query attention: `enable_gqa` (the key/value heads are not repeated in memory);
+- grouped-query attention: `enable_gqa` (the key/value heads are not repeated in memory; on CUDA they are);
 - a value head width other than the query's (multi-latent attention): zero channels pad the narrower side (zeros
   add nothing to a dot product, and the scale is given explicitly), and the output is cut back;
 - attention sinks (gpt_oss, Megatron's softmax_type "learnable" / "off-by-one": one logit per head in every
@@ -79,6 +79,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale
         v = F.pad(v, (0, d - dv))
     elif dv > d:
         q, k = F.pad(q, (0, dv - d)), F.pad(k, (0, dv - d))
+    if q.is_cuda and k.shape[1] != q.shape[1]:
+        # CUDA's memory-efficient kernel (the fused one float32 gets; flash takes half precision only) takes no
+        # grouped heads: repeated, the keys and values stay O(L)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if sink is not None:
         q, k, v = _with_sink_key(q, k, v, sink, scale)
     if window is not None and window < k.shape[2]:
