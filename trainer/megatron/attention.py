@@ -11,7 +11,7 @@ do not take is mapped onto what they do, exactly:
   add nothing to a dot product, and the scale is given explicitly), and the output is cut back;
 - attention sinks (gpt_oss, Megatron's softmax_type "learnable" / "off-by-one": one logit per head in every
   softmax's denominator): one more key, placed first, whose score is the sink logit, with a zero value. The key
-  carries sink / scale in one extra channel that every query has at 1 (so that q.k x scale = sink), and one
+  carries sink / scale in an extra channel that every query has at 1 (so that q.k x scale = sink), and one
   placeholder query, placed first too, keeps the causal diagonal where it was;
 - sliding windows (window_size (W - 1, 0)): query blocks of W positions, each against its keys (the W - 1 before
   the block and the block) under an explicit band mask: memory O(L x W);
@@ -92,28 +92,29 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout,
                                              enable_gqa=q.shape[1] != k.shape[1])
     if sink is not None:
-        out = out[:, :, 1:, :-1]  # the placeholder query, the sink channel
+        out = out[:, :, 1:, :-SINK_CHANNELS]  # the placeholder query, the sink channels
     return out[..., :dv].permute(2, 0, 1, 3)
+
+
+SINK_CHANNELS = 8  # the sink's channel, padded to the multiple of 8 head widths CUDA's fused kernels need
 
 
 def _with_sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v with the sink as a first key (one per key head group: the sink logits are per query head, so the key
-    and value heads are repeated to the query heads here), a first placeholder query, and the sink channel."""
+    """q, k, v with the sink as a first key (the sink logits are per query head, so grouped key and value heads are
+    repeated to the query heads here), a first placeholder query, and the sink channels: 1 then zeros in every
+    query, sink / scale then zeros in the sink key, zeros in every other key."""
     b, heads, _, _ = q.shape
     if k.shape[1] != heads:
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    one = q.new_ones(b, heads, q.shape[2], 1)
-    q = torch.cat([one, q], dim=-1)
-    k = torch.cat([k.new_zeros(b, heads, k.shape[2], 1), k], dim=-1)
-    sink_key = torch.zeros_like(k[:, :, :1])
-    sink_key = torch.cat([(sink.to(k.dtype) / scale).view(1, heads, 1, 1).expand(b, heads, 1, 1),
-                          sink_key[..., 1:]], dim=-1)
-    q = torch.cat([torch.cat([one[:, :, :1], torch.zeros_like(q[:, :, :1, 1:])], dim=-1), q], dim=2)
-    k = torch.cat([sink_key, k], dim=2)
-    v = torch.cat([torch.zeros_like(v[:, :, :1]), v], dim=2)
-    v = F.pad(v, (0, 1))  # the sink channel's place in the output, cut with it
+    channel = q.new_zeros(b, heads, q.shape[2] + 1, SINK_CHANNELS)
+    channel[..., 0] = 1.0
+    q = torch.cat([channel, F.pad(q, (0, 0, 1, 0))], dim=-1)  # position 0: the placeholder query (zeros + 1)
+    sink_key = F.pad((sink.to(k.dtype) / scale).view(1, heads, 1, 1).expand(b, heads, 1, 1),
+                     (0, SINK_CHANNELS - 1 + k.shape[-1]))
+    k = torch.cat([sink_key, F.pad(k, (SINK_CHANNELS, 0))], dim=2)
+    v = F.pad(v, (0, SINK_CHANNELS, 1, 0))  # the sink's value: zeros; the sink channels' place, cut after
     return q, k, v
 
 
