@@ -335,9 +335,12 @@ DATASET_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".c
 class TaskConfig(StrictModel):
     """The YAML `task:` section: where prompts come from and how completions are scored."""
 
-    name: Literal["addition", "multiply", "reverse", "guess", "jsonl", "dataset", "reasoning_gym", "code"] = Field(
-        "addition", description="Where prompts come from: `addition`, `multiply` and `reverse` (synthetic; "
-        "multiply's products are for a tool), `guess` (the guessing game's secret numbers, for agent.environment "
+    name: Literal["addition", "multiply", "reverse", "count", "guess", "jsonl", "dataset", "reasoning_gym",
+                  "code"] = Field(
+        "addition", description="Where prompts come from: `addition`, `multiply`, `reverse` and `count` "
+        "(synthetic; multiply's products are for a tool, count's answers are `length` consecutive numbers: "
+        "reasoning-length completions, scored by the share right up to the first mistake), `guess` (the guessing "
+        "game's secret numbers, for agent.environment "
         "guess), `jsonl` (lines of {prompt, answer}), "
         "`dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` (coding problems "
         "scored in the sandbox).")
@@ -365,8 +368,9 @@ class TaskConfig(StrictModel):
     config: dict[str, Any] = Field({}, description="reasoning_gym: the dataset's own options, passed to its "
                                    "generator.")
     max_digits: int = Field(2, gt=0, description="addition: most digits per operand; multiply: digits of each "
-                            "operand.")
-    length: int = Field(3, gt=0, description="reverse: length of the strings to reverse.")
+                            "operand; count: digits of every number.")
+    length: int = Field(3, gt=0, description="reverse: length of the strings to reverse; count: how many "
+                        "consecutive numbers an answer holds.")
     high: int = Field(20, ge=2, description="guess: the secret number is drawn from 1..high.")
 
     @model_validator(mode="after")

@@ -4,11 +4,11 @@ from __future__ import annotations
 from ..config import TaskConfig
 from .base import Problem, Task
 from .jsonl import JsonlTask, TaskDataError, load_jsonl
-from .synthetic import AdditionTask, GuessTask, MultiplyTask, ReverseTask
-from .verifiers import exact_match, numeric_match
+from .synthetic import AdditionTask, CountTask, GuessTask, MultiplyTask, ReverseTask
+from .verifiers import exact_match, numeric_match, prefix_match
 
-__all__ = ["Problem", "Task", "JsonlTask", "TaskDataError", "load_jsonl", "AdditionTask", "GuessTask", "MultiplyTask", "ReverseTask",
-           "exact_match", "numeric_match", "make_task"]
+__all__ = ["Problem", "Task", "JsonlTask", "TaskDataError", "load_jsonl", "AdditionTask", "CountTask", "GuessTask", "MultiplyTask", "ReverseTask",
+           "exact_match", "numeric_match", "prefix_match", "make_task"]
 
 
 def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) -> Task:
@@ -18,6 +18,8 @@ def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) ->
         return AdditionTask(max_digits=cfg.max_digits)
     if cfg.name == "reverse":
         return ReverseTask(length=cfg.length)
+    if cfg.name == "count":
+        return CountTask(length=cfg.length, max_digits=cfg.max_digits)
     if cfg.name == "multiply":
         return MultiplyTask(max_digits=cfg.max_digits)
     if cfg.name == "guess":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .base import Problem
-from .verifiers import exact_match
+from .verifiers import exact_match, prefix_match
 
 
 def _rng(seed: int, *stream: int) -> random.Random:
@@ -95,6 +95,35 @@ class ReverseTask(_GeneratedTask):
 
     def corpus(self) -> str:
         return f"reverse {self.alphabet}:{self.alphabet[::-1]}\n"
+
+
+@dataclass
+class CountTask(_GeneratedTask):
+    """`count A to B:` -> `A A+1 ... B`: `length` consecutive numbers of `max_digits` digits each, one space
+    apart. The tiny model's byte-level tokenizer spends a token per character, so an answer is length x
+    (max_digits + 1) tokens with its end-of-sequence token (300 three-digit numbers: 1200): reasoning-length
+    completions built from a step a tiny model learns (the previous number plus one). Scored by `prefix_match`:
+    the share of the numbers right up to the first mistake, so a long sample that slips late still earns most of
+    its reward and RL has a signal before whole answers come out right."""
+
+    length: int = 300
+    max_digits: int = 3
+    name: str = "count"
+
+    def __post_init__(self) -> None:
+        if self.length > 9 * 10 ** (self.max_digits - 1):
+            raise ValueError(f"count: {self.length} consecutive numbers do not fit in {self.max_digits} digits")
+
+    def _problem(self, rng: random.Random) -> Problem:
+        first = rng.randint(10 ** (self.max_digits - 1), 10**self.max_digits - self.length)
+        last = first + self.length - 1
+        return Problem(self.name, f"count {first} to {last}:", " ".join(map(str, range(first, last + 1))))
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        return [prefix_match(c, p.answer) for p, c in zip(problems, completions)]
+
+    def corpus(self) -> str:
+        return "count 100 to 109: " + " ".join(map(str, range(100, 110))) + "\n"
 
 
 # Short on purpose: a tiny model's byte-level tokenizer spends a token per character, and every turn's feedback

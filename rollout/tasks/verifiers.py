@@ -12,6 +12,22 @@ def exact_match(completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
+def prefix_match(completion: str, answer: str) -> float:
+    """The share of the reference's whitespace-separated items the completion reproduces, in order, before its
+    first mistake, over the longer of the two item counts: 1.0 only for the whole answer and nothing more, extra
+    items after it cost their share as wrong ones would, and an answer repeated, restated or preceded by other
+    text is wrong from its first item. A partial reward for long answers, as a prefix-accuracy score is."""
+    want, got = answer.split(), completion.split()
+    if not want:
+        return exact_match(completion, answer)
+    right = 0
+    for a, b in zip(want, got):
+        if a != b:
+            break
+        right += 1
+    return right / max(len(want), len(got))
+
+
 def last_boxed(text: str) -> str | None:
     r"""The contents of the last \boxed{...} (braces nested inside it kept), or None."""
     start = text.rfind("\\boxed")

@@ -74,3 +74,30 @@ def test_reasoning_gym_problems_and_its_own_scorer():
         make_task(TaskConfig(name="reasoning_gym", dataset="no_such_dataset"))
     with pytest.raises(ConfigError, match="task.dataset"):
         parse_config({"name": "t", "iterations": 1, "task": {"name": "reasoning_gym"}})
+
+
+def test_count_task_answers_and_prefix_reward():
+    """count: `length` consecutive numbers of `max_digits` digits, a token per character (length x (digits + 1)
+    tokens with the end of sequence); rewarded by the share of numbers right up to the first mistake, over the longer
+    of answer and completion, so that neither restating the prompt nor writing past the answer pays."""
+    from rollout.tasks import CountTask, prefix_match
+
+    task = CountTask(length=300, max_digits=3)
+    p = task.problems(0, 0, 1)[0]
+    first = int(p.prompt.split()[1])
+    assert p.prompt == f"count {first} to {first + 299}:" and 100 <= first <= 700
+    assert p.answer.split() == [str(n) for n in range(first, first + 300)] and len(p.answer) == 300 * 4 - 1
+    right = p.answer.split()
+    assert task.score([p], [p.answer]) == [1.0]
+    assert task.score([p], [" ".join(right[:150])]) == [0.5]  # stopped halfway
+    slipped = right[:30] + [str(first + 31)] + right[31:]  # one number wrong: only the 30 before it count
+    assert task.score([p], [" ".join(slipped)]) == [pytest.approx(30 / 300)]
+    assert task.score([p], [p.answer + " " + " ".join(map(str, range(first + 300, first + 400)))]) == \
+        [pytest.approx(300 / 400)]  # counting on past the end
+    # cheats: the prompt restated before the answer, the answer padded with text, other separators
+    assert task.score([p], [p.prompt + " " + p.answer]) == [0.0]
+    assert task.score([p], [p.answer + " done, that is all"]) == [pytest.approx(300 / 304)]
+    assert task.score([p], [",".join(right)]) == [0.0]
+    assert prefix_match("1 2 3", "1 2 4") == pytest.approx(2 / 3) and prefix_match("", "") == 1.0
+    with pytest.raises(ValueError, match="do not fit"):
+        CountTask(length=901, max_digits=3)
