@@ -141,9 +141,11 @@ class TrainerConfig(StrictModel):
         "none", description="Megatron's activation recompute: `selective` recomputes the core attention in the "
         "backward pass, `full` each transformer layer (keeps only its input); `none` keeps every activation.")
     logprob_chunk: int | None = Field(
-        4096, gt=0, description="Positions per chunk of the log-prob and entropy computation from the logits, "
-        "so that the [positions, vocabulary] float32 tensor exists for one chunk at a time (values and gradients "
-        "unchanged); null: the whole micro-batch at once.")
+        4096, gt=0, description="Positions per chunk of the output layer and the log-prob and entropy computation: "
+        "the model returns its final hidden states and each chunk's logits are computed, used and (in the backward "
+        "pass) recomputed on their own, so that the [positions, vocabulary / tp] float32 tensors exist for one chunk "
+        "at a time (values and gradients unchanged; one more output-layer matmul per chunk in the backward pass); "
+        "null: the whole micro-batch's logits at once.")
     distributed_optimizer: bool | None = Field(
         None, description="Megatron's distributed optimizer: optimizer state (and the fp32 main parameters) "
         "sharded over the data-parallel ranks (gradients reduce-scattered, parameters all-gathered; works on gloo "

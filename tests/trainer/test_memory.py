@@ -1,5 +1,6 @@
 """Issue 61 item 3, memory for long sequences, on a one-rank trainer built in this process: Megatron's activation
-recompute (trainer.recompute) and the routing a recomputed MoE forward replays."""
+recompute (trainer.recompute), the routing a recomputed MoE forward replays, and log-probs computed from the
+final hidden states by chunks of positions (trainer.logprob_chunk)."""
 from __future__ import annotations
 
 import random
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from trainer.batch import TrainBatch, TrainSequence
+from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
 from trainer.config import TrainerConfig, TrainerSpec
 
 
@@ -33,12 +34,12 @@ def one_rank(model_dir, **trainer):
         rank.shutdown()
 
 
-def _batch(seed: int = 0, lengths=(3, 7, 4, 9)) -> TrainBatch:
+def _batch(seed: int = 0, lengths=(3, 7, 4, 9), dist: TokenDistribution = TokenDistribution()) -> TrainBatch:
     rng = random.Random(seed)
     seqs = [TrainSequence([rng.randrange(3, 120) for _ in range(5)], [rng.randrange(3, 120) for _ in range(n)],
                           old_logprobs=[-4.0] * n, reward=float(k % 2), group=k // 2)
             for k, n in enumerate(lengths)]
-    return TrainBatch(seqs)
+    return TrainBatch(seqs, distribution=dist)
 
 
 def _step(rank, batch: TrainBatch) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -107,3 +108,31 @@ def test_a_recomputed_forward_routes_as_its_micro_batch_did():
         assert experts == routing[mb].flatten().tolist(), mb
     assert slot.checkpointed == []
     take_counts([slot])
+
+
+@pytest.mark.parametrize("dist", [TokenDistribution(temperature=0.7),
+                                  TokenDistribution(temperature=0.7, top_k=40, top_p=0.9)],
+                         ids=["tempered", "truncated"])
+def test_chunked_logprobs_equal_the_whole_micro_batchs(tiny_model_dir, monkeypatch, dist):
+    """trainer.logprob_chunk 5 (rows of 13 positions: each cut into 3 chunks, one across a row's end) gives the
+    per-token log-probs, the loss, the entropy bonus and every parameter's gradient of the logits of the whole
+    micro-batch at once (null), under a tempered and a truncated (top-k, top-p) distribution."""
+    from trainer.megatron import logprobs as lp
+    from trainer.megatron.scoring import logprobs
+
+    chunked_calls = []
+    original = lp.chunked_logprobs
+    monkeypatch.setattr(lp, "chunked_logprobs", lambda *a: chunked_calls.append(1) or original(*a))
+    results = {}
+    for chunk in (None, 5):
+        with one_rank(tiny_model_dir, logprob_chunk=chunk, micro_batch_size=2, entropy_coef=0.01) as rank:
+            batch = _batch(dist=dist)
+            results[chunk] = (logprobs(rank, batch), *_step(rank, batch))
+        assert bool(chunked_calls) == (chunk is not None)
+    (scored, stats, grads), (scored_c, stats_c, grads_c) = results[None], results[5]
+    for i, row in scored.items():
+        assert scored_c[i] == pytest.approx(row, rel=1e-6, abs=1e-6), i
+    for key in ("loss", "entropy", "logp_mean", "grad_norm"):
+        assert stats_c[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+    for name, g in grads.items():
+        torch.testing.assert_close(grads_c[name], g, rtol=1e-5, atol=1e-7, msg=name)

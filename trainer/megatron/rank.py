@@ -205,20 +205,25 @@ class MegatronRank:
 
     def run(self, mbs: list[dict], loss_fn, seq_len: int, forward_only: bool, model=None,
             routing: RoutingPass | None = None) -> tuple[list[dict], torch.Tensor]:
-        """Megatron's forward(-backward) schedule over the micro-batches; `loss_fn(mb, logits)` on the last
-        stage, with logits [b, s, V / tp]. `model`: the policy (None), the reference or the behaviour snapshot.
-        `routing`: how the forward uses the micro-batches' rollout routing. Returns the loss_fn outputs and this
-        rank's routing counts (routing_replay.COUNTS; zeros unless measured)."""
+        """Megatron's forward(-backward) schedule over the micro-batches; `loss_fn(mb, output)` on the last
+        stage, with output the logits [b, s, V / tp] or, with trainer.logprob_chunk, a logprobs.FinalHidden.
+        `model`: the policy (None), the reference or the behaviour snapshot. `routing`: how the forward uses the
+        micro-batches' rollout routing. Returns the loss_fn outputs and this rank's routing counts
+        (routing_replay.COUNTS; zeros unless measured)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from trainer.megatron import routing_replay
         from trainer.megatron.compat import native_torch
+        from trainer.megatron.logprobs import FinalHidden
 
         routing = routing or routing_replay.RoutingPass()
         device = "cuda" if self.spec.trainer.device == "cuda" else "cpu"
         routers = (self.routers if model is None else self._reference_routers if model is self.reference
                    else self._behaviour_routers)
         uses_routing = routing.replay or routing.measure
+        # trainer.logprob_chunk: the last stage returns its final hidden states, turned into logits by chunks
+        chunk = self.spec.trainer.logprob_chunk
+        head = FinalHidden.processor(chunk) if chunk else None
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
@@ -227,7 +232,7 @@ class MegatronRank:
             routing_replay.set_targets(routers, mb["routing"] if uses_routing else None, routing)
             with native_torch():  # the model's forward names no device of its own
                 out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
-                            packed_seq_params=packed_seq_params(mb, device))
+                            packed_seq_params=packed_seq_params(mb, device), output_processor=head)
             return out, partial(loss_fn, mb)
 
         try:

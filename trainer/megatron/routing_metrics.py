@@ -41,7 +41,7 @@ def _gap_pass(rank: MegatronRank, seqs: list[TrainSequence], seq_len: int, dist:
 
     def loss_fn(mb, output):
         logp, _ = token_logprobs(output, mb, dist)
-        return output.new_zeros(()), {"gap": behaviour_gaps(logp, mb, old_recomputed).cpu()}
+        return logp.new_zeros(()), {"gap": behaviour_gaps(logp, mb, old_recomputed).cpu()}
 
     from trainer.megatron.routing_replay import RoutingPass
 

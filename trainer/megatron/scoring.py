@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.batch import TokenDistribution, TrainBatch, TrainSequence
-from trainer.megatron.logprobs import token_logprobs
+from trainer.megatron.logprobs import full_logits, token_logprobs
 from trainer.megatron.packing import unpack
 from trainer.sampling import kl_distribution
 
@@ -25,7 +25,7 @@ def completion_logprobs(rank: MegatronRank, seqs: list[TrainSequence], indices: 
 
     def loss_fn(mb, output):
         logp, _ = token_logprobs(output, mb, dist)
-        return output.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
+        return logp.new_zeros(()), {"index": mb["index"], "logp": logp.float().cpu()}
 
     out, _ = rank.run(mbs, loss_fn, seq_len, forward_only=True, model=model, routing=routing)
     result: dict[int, torch.Tensor] = {}
@@ -71,8 +71,8 @@ def logits(rank: MegatronRank, token_lists: list[list[int]]) -> list[torch.Tenso
     mbs = rank.micro_batches(seqs, list(range(len(seqs))), None, seq_len, split=False)
 
     def loss_fn(mb, output):
-        full = unpack(gather_from_tensor_model_parallel_region(output.float()), mb)
-        return output.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
+        full = unpack(gather_from_tensor_model_parallel_region(full_logits(output).float()), mb)
+        return full.new_zeros(()), {"index": mb["index"], "logits": full.cpu()}
 
     out, _ = rank.run(mbs, loss_fn, seq_len, forward_only=True)
     if not rank.reporting_rank():
