@@ -227,8 +227,8 @@ class MegatronRank:
 
         def forward_step(data_iter: Iterator[dict], model):
             mb = next(data_iter)
-            # without pipelining or recomputation, a micro-batch's backward never routes again: the targets
-            # set here serve its forward only
+            # the targets set here serve this micro-batch's forward; a recomputed forward (trainer.recompute
+            # full, under a pipeline's 1F1B too) takes the routing its checkpointed forward queued (ReplaySlot)
             routing_replay.set_targets(routers, mb["routing"] if uses_routing else None, routing)
             with native_torch():  # the model's forward names no device of its own
                 out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
@@ -238,7 +238,8 @@ class MegatronRank:
         try:
             out = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(mbs), model=[model or self.model],
-                num_microbatches=len(mbs), seq_length=seq_len, micro_batch_size=max(len(m["index"]) for m in mbs),
+                num_microbatches=len(mbs), seq_length=seq_len,
+                micro_batch_size=max(m["tokens"].shape[0] for m in mbs),  # a packed micro-batch is one row
                 forward_only=forward_only,
             )
         finally:
