@@ -23,13 +23,14 @@ from orchestrator.iteration.session import Session, console
 from orchestrator.iteration.steps import score, train, train_batch, watch_signal
 
 # What an iteration's train phase reports (trainer/megatron/train_step.py): kl_ref(_mean) with trainer.kl only,
-# the clip fractions with loss grpo only, the routing figures for mixture-of-experts models whose samples carry
-# the rollout's routing (with trainer.moe.routing_replay, over the whole batch, with logprob_gap_replayed and
-# logprob_gap_unreplayed)
+# the clip fractions with loss grpo only, the packed rows with trainer.packing only, the routing figures for
+# mixture-of-experts models whose samples carry the rollout's routing (with trainer.moe.routing_replay, over the
+# whole batch, with logprob_gap_replayed and logprob_gap_unreplayed)
 TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "logp_mean", "entropy",
                  "clip_fraction_low", "clip_fraction_high", "tokens", "optimizer_steps", "routing_mismatch",
                  "routing_mismatch_trained", "routed_tokens", "replay_sequences_affected", "replay_sequences_closer",
-                 "replay_sequences_farther", "is_weight_mean", "is_truncated_frac", "skipped_minibatches")
+                 "replay_sequences_farther", "is_weight_mean", "is_truncated_frac", "skipped_minibatches",
+                 "packed_rows", "packed_sequences_per_row")
 
 
 def run_iterations(s: Session) -> None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # What a train step sums per optimizer step (over micro-batches and data-parallel ranks)
 STATS = ("loss", "logp", "sq_log_ratio", "kl_ref", "gap", "entropy", "clip_low", "clip_high", "is_weight",
-         "is_truncated")
+         "is_truncated", "packed_rows", "packed_sequences")
 
 
 def train_step(rank: MegatronRank, batch: TrainBatch, mode: str = "rl", lr: float | None = None,
@@ -102,6 +102,10 @@ def train_step(rank: MegatronRank, batch: TrainBatch, mode: str = "rl", lr: floa
            # update (the loss needs those log-probs anyway): with the engines in sync it is ~0
            "behaviour_gap": gap if mode == "rl" else float("nan"),
            "reporting": rank.reporting_rank()}
+    packed_rows = float(stats[STATS.index("packed_rows")])
+    if packed_rows:  # every optimizer step's packed rows, over data-parallel ranks, and their mean occupancy
+        out |= {"packed_rows": int(packed_rows),
+                "packed_sequences_per_row": float(stats[STATS.index("packed_sequences")]) / packed_rows}
     if mode == "rl" and rank.reference is not None:
         # kl_ref: the first mini-batch before its update, on the tokens the policy itself sampled (later
         # mini-batches estimate it on tokens an earlier policy sampled); kl_ref_mean: what the loss term
@@ -186,8 +190,11 @@ def _optimizer_step(rank: MegatronRank, seqs: list[TrainSequence], chunk: list[i
                       * kl_importance_weight(kl_logp, old, mask, w)).sum()
             if spec.kind == "grpo":
                 clip_low, clip_high = clip_counts(logp, old, adv_mb, mask, spec.clip_eps_low, spec.clip_eps_high)
+        packed = "cu_seqlens" in mb  # one row of sequences back to back (trainer.packing)
         stats = torch.stack([loss.detach(), (logp.detach() * mask).sum(), sq.detach(), kl, gap,
-                             (ent.detach() * mask).sum(), clip_low, clip_high, is_weight, truncated])
+                             (ent.detach() * mask).sum(), clip_low, clip_high, is_weight, truncated,
+                             logp.new_tensor(float(packed)),
+                             logp.new_tensor(float(packed and sum(i >= 0 for i in mb["index"])))])
         return loss * scale, {"stats": stats}
 
     rank.model.zero_grad_buffer()
