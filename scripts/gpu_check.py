@@ -21,7 +21,12 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
      (Megatron -> HF): the tensors must come back bit for bit (`roundtrip`), and its logits must match
      transformers' in float32 (`logits_fp32`: the exact check of the conversion; TF32 off).
    A family that fails to build, train or convert is a failed check; the other families still run.
-2. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
+2. Long sequences (scripts/gpu_check_long.py): per family of `--long-families` (default qwen2, qwen3, llama3,
+   qwen3_moe), a ~1B-class bf16 rank with trainer.attention sdpa trains one sequence of 8k and of 16k positions
+   (peak memory: torch.cuda.max_memory_allocated over the step; tokens/s; `long_<L>_trains`: a finite loss), and
+   its logits on a 2k-position prefix match transformers' in bf16 (`long_logits_bf16`, the bound of
+   `logits_bf16`). `--no-long` skips it.
+3. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
    (SAC): compile time, then env steps per second over the timed chunks (after one untimed chunk), and finite
    metrics.
 
@@ -52,8 +57,9 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):  # the repository's packages; gpu_check_long beside this script
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 # Bounds (max |difference| over every position and vocabulary entry of the compared sequences).
 # float32: `tide export --verify` and tests/integration/test_publish_layouts.py hold the conversion to 1e-4 on
@@ -517,6 +523,9 @@ def parse_args(argv=None):
     ap.add_argument("--families", default="all", help="comma-separated tiny-model families (default: all)")
     ap.add_argument("--no-jax", action="store_true", help="skip the JAX engine")
     ap.add_argument("--no-megatron", action="store_true", help="skip the Megatron families")
+    ap.add_argument("--no-long", action="store_true", help="skip the long-sequence step")
+    ap.add_argument("--long-families", default="qwen2,qwen3,llama3,qwen3_moe",
+                    help="comma-separated families of the long-sequence step")
     ap.add_argument("--jax-num-envs", type=int, default=None,
                     help="parallel envs of both JAX runs (default: the configs' own, 4)")
     ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
@@ -559,7 +568,8 @@ def main(argv=None) -> int:
             log(f"device: {result['gpu']}, torch {torch.__version__}")
         known = families()
         args.families = known if args.families == "all" else args.families.split(",")
-        unknown = sorted(set(args.families) - set(known))
+        args.long_families = args.long_families.split(",")
+        unknown = sorted((set(args.families) | set(args.long_families)) - set(known))
         if unknown:
             print(f"unknown families {unknown}; known: {known}", file=sys.stderr)
             return 2
@@ -567,6 +577,10 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="tide_gpu_check_") as work:
             if not args.no_megatron:
                 result["families"] = run_megatron(args, Path(work), checks)
+            if not args.no_long:
+                from gpu_check_long import run_long
+
+                result["long"] = run_long(args, Path(work), checks, sys.modules[__name__])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if not args.no_jax:

@@ -7,6 +7,7 @@ scripts/gpu_check.sh, cannot be imported (as if not installed): the check must n
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,6 +94,20 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         resume = rec["resume"]  # two steps after the checkpoint, then the same two on a rank that loaded it
         assert resume["losses_continued"] == resume["losses_resumed"] and resume["max_abs_diff"] == 0.0, fam
 
+    # the long-sequence step (scripts/gpu_check_long.py) at the tiny sizes: both lengths train, the logits on a
+    # prefix match transformers', and the figures are there
+    long = report["long"]
+    assert sorted(long) == sorted(["qwen2", "qwen3", "llama3", "qwen3_moe"])
+    for fam, rec in long.items():
+        assert rec["ran"], (fam, rec.get("error"))
+        assert rec["logits"]["positions_over_bound"] <= rec["logits"]["positions_over_bound_allowed"], fam
+        assert rec["logits"]["p90_abs_diff"] <= rec["logits"]["bound"], fam
+        for step in rec["steps"].values():
+            assert step["tokens_per_s"] > 0 and step["peak_memory_bytes"] >= step["memory_before_step_bytes"] > 0
+            assert all(math.isfinite(x) for x in step["losses"]), fam
+        assert {f"{fam}/long_logits_bf16", *(f"{fam}/long_{n}_trains" for n in rec["lengths"])} <= {
+            c["name"] for c in report["checks"] if c["ok"]}, fam
+
     jax = report["jax"]
     assert jax["backend"] == "cpu"
     for algo in ("ppo", "sac"):
@@ -109,7 +124,8 @@ def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_p
     """Two rows of one converted matrix swapped on the transformers side: the exact (fp32) logits check fails;
     a resumed rank that never loaded the checkpoint: the resume check fails; the script exits 1 and names both;
     what the faults do not touch still passes."""
-    proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load")
+    proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load",
+                        "--no-long")
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert {"qwen2/logits_fp32", "qwen2/resume_exact"} <= set(report["failed"])
     assert not report["ok"]
