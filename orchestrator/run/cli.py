@@ -1,6 +1,6 @@
 """`tide run CONFIG [key.path=value ...]`, `tide resume RUN_DIR` (either with --max-restarts N), `tide inspect
 RUN_DIR`, `tide export RUN_DIR OUT`, `tide config show CONFIG [key.path=value ...]`, `tide config reference`,
-`tide --version`."""
+`tide plan CONFIG`, `tide --version`."""
 from __future__ import annotations
 
 import shutil
@@ -208,6 +208,35 @@ def export(run_dir: Path = typer.Argument(..., help="a run directory"),
     if result.logit_diff is not None:
         typer.echo(f"verified: max |logit difference| transformers vs Megatron {result.logit_diff:.2e}, "
                    f"max |log-prob difference| {result.logprob_diff:.2e}")
+
+
+@app.command()
+def plan(config: Path = typer.Argument(..., help="YAML config"),
+         overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
+         gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs of a node (device cuda)"),
+         gpu_memory_gb: float = typer.Option(80.0, "--gpu-memory-gb", min=0.001, help="memory of one GPU "
+                                             "(device cuda)"),
+         host_memory_gb: Optional[float] = typer.Option(None, "--host-memory-gb", min=0.001, help="the host's "
+                                                        "RAM on cpu; default: this machine's"),
+         prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="the longest prompt; "
+                                                     "default: rollout.max_prompt_tokens, else the longest of the "
+                                                     "task's prompts rendered"),
+         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> None:
+    """Whether the config's trainer ranks and engines fit in memory, and the smallest change that makes them fit:
+    per trainer rank weights, gradients, optimizer state, activations at the longest sample (with and without
+    recompute), logits and log-prob chunk; per engine weights and KV cache (docs/training.md, "Memory planner").
+    Nothing is run. Exit 1 when it does not fit."""
+    from orchestrator.run.plan import plan as make_plan, render
+
+    cfg = _load(config, overrides)
+    if cfg.engine != "megatron":
+        _fail("tide plan: the megatron engine's runs only (the JAX engine trains no LLM)", 2)
+    result = make_plan(cfg, gpus_per_node, gpu_memory_gb, host_memory_gb, prompt_tokens)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        render(result)
+    raise typer.Exit(0 if result.fits else 1)
 
 
 @config_app.command("show")

@@ -1,0 +1,45 @@
+"""`tide plan`: the quickstart's plan as JSON (no run), and a layout that does not fit with the changes that make
+it fit (exit 1)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "plan", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def test_quickstart_plan_as_json():
+    proc = _plan("configs/quickstart.yaml", "--json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["fits"] and p["device"] == "cpu" and p["ranks"] == 1 and p["engines"] == 1
+    assert p["parameters"] == 115264  # tests/trainer/test_memory_plan.py works it out
+    parts = ("baseline", "weights", "gradients", "optimizer", "activations", "logits", "logprob_chunk", "allocator")
+    assert abs(sum(p["rank"][k] for k in parts) - p["rank"]["total"]) < 0.01
+    assert p["engine"]["kv_cache"] == 0.25  # rollout.kv_cache_gb
+    # single-digit addition: a short prompt, found by rendering the task's prompts; 128 rows a micro-batch (512
+    # samples over 4 mini-batches)
+    assert p["lengths"]["prompt_source"].startswith("longest of") and p["lengths"]["prompt_tokens"] < 16
+    assert p["lengths"]["micro_batch_rows"] == 128
+    assert any("baseline" in note for note in p["notes"])  # a tiny model: the process is most of it
+
+
+def test_a_layout_that_does_not_fit_gets_changes():
+    proc = _plan("configs/quickstart.yaml", "trainer.device=cuda", "trainer.backend=nccl", "trainer.attention=eager",
+                 "--prompt-tokens", "3000", "--gpu-memory-gb", "4", "--json")
+    assert proc.returncode == 1, proc.stderr
+    p = json.loads(proc.stdout)
+    assert not p["fits"] and p["problems"][0].startswith("a trainer rank needs")
+    by = p["activations_by_recompute_gb"]
+    assert by["none"] > by["selective"] > by["full"]  # eager: selective drops the [heads, L, L] scores
+    changes = {c["setting"]: c for c in p["changes"]}
+    assert not changes["trainer.attention=sdpa"]["fits"] and changes["trainer.attention=sdpa"]["rank_gb"] < \
+        p["rank"]["total"]
+    assert any(c["fits"] for c in p["changes"])
