@@ -339,7 +339,7 @@ class TaskConfig(StrictModel):
                   "code"] = Field(
         "addition", description="Where prompts come from: `addition`, `multiply`, `reverse` and `count` "
         "(synthetic; multiply's products are for a tool, count's answers are `length` consecutive numbers: "
-        "reasoning-length completions, scored by the share right up to the first mistake), `guess` (the guessing "
+        "reasoning-length completions, scored by the share written in order), `guess` (the guessing "
         "game's secret numbers, for agent.environment "
         "guess), `jsonl` (lines of {prompt, answer}), "
         "`dataset` (a local data file), `reasoning_gym` (a reasoning-gym generator) or `code` (coding problems "

@@ -5,10 +5,10 @@ from ..config import TaskConfig
 from .base import Problem, Task
 from .jsonl import JsonlTask, TaskDataError, load_jsonl
 from .synthetic import AdditionTask, CountTask, GuessTask, MultiplyTask, ReverseTask
-from .verifiers import exact_match, numeric_match, prefix_match
+from .verifiers import exact_match, in_order_match, numeric_match
 
 __all__ = ["Problem", "Task", "JsonlTask", "TaskDataError", "load_jsonl", "AdditionTask", "CountTask", "GuessTask", "MultiplyTask", "ReverseTask",
-           "exact_match", "numeric_match", "prefix_match", "make_task"]
+           "exact_match", "in_order_match", "numeric_match", "make_task"]
 
 
 def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) -> Task:

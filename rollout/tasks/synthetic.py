@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .base import Problem
-from .verifiers import exact_match, prefix_match
+from .verifiers import exact_match, in_order_match
 
 
 def _rng(seed: int, *stream: int) -> random.Random:
@@ -102,9 +102,9 @@ class CountTask(_GeneratedTask):
     """`count A to B:` -> `A A+1 ... B`: `length` consecutive numbers of `max_digits` digits each, one space
     apart. The tiny model's byte-level tokenizer spends a token per character, so an answer is length x
     (max_digits + 1) tokens with its end-of-sequence token (300 three-digit numbers: 1200): reasoning-length
-    completions built from a step a tiny model learns (the previous number plus one). Scored by `prefix_match`:
-    the share of the numbers right up to the first mistake, so a long sample that slips late still earns most of
-    its reward and RL has a signal before whole answers come out right."""
+    completions built from a step a tiny model learns (the previous number plus one). Scored by `in_order_match`:
+    the share of the numbers written in the answer's order, each credited on its own, so a sample that slips once
+    loses that number rather than the rest of the answer, while skipped, repeated or extra numbers never pay."""
 
     length: int = 300
     max_digits: int = 3
@@ -120,7 +120,7 @@ class CountTask(_GeneratedTask):
         return Problem(self.name, f"count {first} to {last}:", " ".join(map(str, range(first, last + 1))))
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
-        return [prefix_match(c, p.answer) for p, c in zip(problems, completions)]
+        return [in_order_match(c, p.answer) for p, c in zip(problems, completions)]
 
     def corpus(self) -> str:
         return "count 100 to 109: " + " ".join(map(str, range(100, 110))) + "\n"

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from collections import defaultdict
 from fractions import Fraction
 
 _HASHES = re.compile(r"####\s*([^\n]*)")
@@ -12,20 +14,35 @@ def exact_match(completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
-def prefix_match(completion: str, answer: str) -> float:
-    """The share of the reference's whitespace-separated items the completion reproduces, in order, before its
-    first mistake, over the longer of the two item counts: 1.0 only for the whole answer and nothing more, extra
-    items after it cost their share as wrong ones would, and an answer repeated, restated or preceded by other
-    text is wrong from its first item. A partial reward for long answers, as a prefix-accuracy score is."""
+def in_order_match(completion: str, answer: str) -> float:
+    """The reference's whitespace-separated items that the completion writes in the reference's order (their
+    longest common subsequence), over the longer of the two item counts: each item is credited on its own, so one
+    slip costs its item rather than the rest of the answer, while skipped items earn nothing, repeated or extra
+    items (a restated prompt, padding, counting past the end) each cost a share, and items out of order count
+    only once in order. 1.0 only for the whole answer and nothing more."""
     want, got = answer.split(), completion.split()
     if not want:
         return exact_match(completion, answer)
-    right = 0
-    for a, b in zip(want, got):
-        if a != b:
-            break
-        right += 1
-    return right / max(len(want), len(got))
+    return _common_subsequence_length(want, got) / max(len(want), len(got))
+
+
+def _common_subsequence_length(want: list[str], got: list[str]) -> int:
+    """Hunt & Szymanski (1977, "A fast algorithm for computing longest common subsequences"): the LCS is the
+    longest strictly increasing run of matching positions in `want`, taken in `got`'s order, each item's
+    positions visited from last to first so that one item of `got` matches at most one of `want`; found by
+    patience sorting in O((matches + n) log n) rather than the O(n x m) table."""
+    positions: dict[str, list[int]] = defaultdict(list)
+    for i, item in enumerate(want):
+        positions[item].append(i)
+    tails: list[int] = []  # tails[k]: the smallest last position of a common subsequence of length k + 1
+    for item in got:
+        for i in reversed(positions.get(item, ())):
+            k = bisect_left(tails, i)
+            if k == len(tails):
+                tails.append(i)
+            else:
+                tails[k] = i
+    return len(tails)
 
 
 def last_boxed(text: str) -> str | None:

@@ -76,11 +76,12 @@ def test_reasoning_gym_problems_and_its_own_scorer():
         parse_config({"name": "t", "iterations": 1, "task": {"name": "reasoning_gym"}})
 
 
-def test_count_task_answers_and_prefix_reward():
+def test_count_task_answers_and_in_order_reward():
     """count: `length` consecutive numbers of `max_digits` digits, a token per character (length x (digits + 1)
-    tokens with the end of sequence); rewarded by the share of numbers right up to the first mistake, over the longer
-    of answer and completion, so that neither restating the prompt nor writing past the answer pays."""
-    from rollout.tasks import CountTask, prefix_match
+    tokens with the end of sequence); rewarded per number: the reference's numbers written in its order, over the
+    longer of answer and completion, so that a slip costs one number, while skipping, repeating, counting past the
+    end, restating the prompt or padding never pays."""
+    from rollout.tasks import CountTask, in_order_match
 
     task = CountTask(length=300, max_digits=3)
     p = task.problems(0, 0, 1)[0]
@@ -88,16 +89,33 @@ def test_count_task_answers_and_prefix_reward():
     assert p.prompt == f"count {first} to {first + 299}:" and 100 <= first <= 700
     assert p.answer.split() == [str(n) for n in range(first, first + 300)] and len(p.answer) == 300 * 4 - 1
     right = p.answer.split()
+
+    def score(items: list[str]) -> float:
+        return task.score([p], [" ".join(items)])[0]
+
     assert task.score([p], [p.answer]) == [1.0]
-    assert task.score([p], [" ".join(right[:150])]) == [0.5]  # stopped halfway
-    slipped = right[:30] + [str(first + 31)] + right[31:]  # one number wrong: only the 30 before it count
-    assert task.score([p], [" ".join(slipped)]) == [pytest.approx(30 / 300)]
-    assert task.score([p], [p.answer + " " + " ".join(map(str, range(first + 300, first + 400)))]) == \
-        [pytest.approx(300 / 400)]  # counting on past the end
-    # cheats: the prompt restated before the answer, the answer padded with text, other separators
-    assert task.score([p], [p.prompt + " " + p.answer]) == [0.0]
+    assert score(right[:150]) == 0.5  # stopped halfway
+    # one number wrong: it alone is lost
+    assert score(right[:30] + [str(first + 31)] + right[31:]) == pytest.approx(299 / 300)
+    # a slip that the count carries on from (..., 129, 140, 141, ...): the 10 skipped numbers are lost, and the 10
+    # written past the end cost theirs
+    carried = [str(n) for n in range(first, first + 30)] + [str(n) for n in range(first + 40, first + 310)]
+    assert score(carried) == pytest.approx(290 / 300)
+    # counting from a wrong first number: only the reference's numbers count, and those past its end cost theirs
+    assert score([str(n) for n in range(first + 100, first + 400)]) == pytest.approx(200 / 300)
+    assert score(right + [str(n) for n in range(first + 300, first + 400)]) == pytest.approx(300 / 400)
+    # cheats: every number twice, the numbers out of order, skipping every other one, every three-digit number,
+    # the prompt restated, text padding, other separators
+    assert score([n for n in right for _ in (0, 1)]) == pytest.approx(300 / 600)
+    assert score(right[::-1]) == pytest.approx(1 / 300)
+    assert score(right[150:] + right[:150]) == 0.5
+    assert score(right[::2]) == 0.5
+    assert score([str(n) for n in range(100, 1000)]) == pytest.approx(300 / 900)
+    assert task.score([p], [p.prompt + " " + p.answer]) == [pytest.approx(300 / 304)]
     assert task.score([p], [p.answer + " done, that is all"]) == [pytest.approx(300 / 304)]
     assert task.score([p], [",".join(right)]) == [0.0]
-    assert prefix_match("1 2 3", "1 2 4") == pytest.approx(2 / 3) and prefix_match("", "") == 1.0
+    assert task.score([p], [""]) == [0.0]
+    assert in_order_match("1 2 3", "1 2 4") == pytest.approx(2 / 3) and in_order_match("", "") == 1.0
+    assert in_order_match("a b a c", "a a b c") == pytest.approx(3 / 4)  # repeated items: each matched once
     with pytest.raises(ValueError, match="do not fit"):
         CountTask(length=901, max_digits=3)
