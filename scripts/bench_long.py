@@ -230,7 +230,8 @@ def length_goals(report: Report, length: int, speed: dict, memory: dict, quick: 
     if length == GOAL_LENGTH[quick]:
         k = f"{length // 1024}k"
         report.goal(f"peak memory at {k}, today's / new (>= 1/0.35; today's failing counts as met)",
-                    ratio_of(memory["baseline_median"], memory["contender_median"]), 1 / 0.35)
+                    ratio_of(memory["baseline_median"], memory["contender_median"]), 1 / 0.35, row=memory,
+                    met_when_baseline_fails=True)
         report.goal(f"tokens/s at {k}, new / today's", speed["ratio"], 1.3, row=speed)
 
 
@@ -284,12 +285,15 @@ def run_32k(report: Report, quick: bool, work: Path, budget: int) -> None:
         new.close()
         today.close()
     (sa, pa, ba), (sb, pb, _) = figures(ra, length), figures(rb, length)
-    report.add(f"step L={length} tokens/s", describe(new.trainer), describe(today.trainer),
-               "positions trained per second (one RL step, one sequence)", sa, sb, model=name, length=length,
-               seconds_contender=[r.seconds for r in ra], peak_contender=pa, baseline_rss_contender=ba,
-               peak_baseline=pb, loss_contender=[r.loss for r in ra], failed_contender=failures(ra),
-               failed_baseline=failures(rb), planned_peak_contender=planner_estimate(model_dir, length, new.trainer))
-    report.goal(f"a {length}-position sequence trains (1: finite loss)", float(all(r.ok for r in ra)), 1.0)
+    row = report.add(f"step L={length} tokens/s", describe(new.trainer), describe(today.trainer),
+                     "positions trained per second (one RL step, one sequence)", sa, sb, model=name, length=length,
+                     seconds_contender=[r.seconds for r in ra], peak_contender=pa, baseline_rss_contender=ba,
+                     peak_baseline=pb, loss_contender=[r.loss for r in ra], failed_contender=failures(ra),
+                     failed_baseline=failures(rb),
+                     planned_peak_contender=planner_estimate(model_dir, length, new.trainer))
+    # today's path is beside it to show that it cannot: the goal is the new path's step alone
+    report.goal(f"a {length}-position sequence trains (1: finite loss)", float(all(r.ok for r in ra)), 1.0,
+                row=row, met_when_baseline_fails=True)
 
 
 def main() -> None:
