@@ -67,7 +67,8 @@ def _families() -> list[str]:
 
 
 def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
-    proc, report = _run(tmp_path)
+    # the long step's CPU half on one dense family and the MoE (the GPU run takes all four)
+    proc, report = _run(tmp_path, "--long-families", "qwen2,qwen3_moe")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"failed checks {report['failed']}:\n{log[-6000:]}"
     assert report["ok"] and report["failed"] == []
@@ -100,7 +101,7 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
     # the long-sequence step (scripts/gpu_check_long.py) at the tiny sizes: both lengths train, the logits on a
     # prefix match transformers', and the figures are there
     long = report["long"]
-    assert sorted(long) == sorted(["qwen2", "qwen3", "llama3", "qwen3_moe"])
+    assert sorted(long) == ["qwen2", "qwen3_moe"]
     for fam, rec in long.items():
         assert rec["ran"], (fam, rec.get("error"))
         assert rec["logits"]["positions_over_bound"] <= rec["logits"]["positions_over_bound_allowed"], fam
