@@ -57,9 +57,8 @@ class SDPAttentionMixin:
                 raise NotImplementedError("SDPA core attention packs self-attention only (cu_seqlens_kv == q)")
             pieces = [attend(query[a:b].unsqueeze(1), key[a:b].unsqueeze(1), value[a:b].unsqueeze(1), scale=scale,
                              window=window, sink=sink, dropout=dropout) for a, b in zip(bounds, bounds[1:]) if b > a]
-            tail = query.shape[0] - bounds[-1]  # positions after the last sequence (none when packed exactly)
-            if tail:
-                pieces.append(query.new_zeros(tail, 1, query.shape[1], value.shape[-1]))
+            if bounds[-1] != query.shape[0]:  # packing.py makes any padding a segment of its own
+                raise ValueError(f"cu_seqlens end at {bounds[-1]}, the packed row has {query.shape[0]} positions")
             out = torch.cat(pieces, dim=0)
             return out.reshape(out.shape[0], -1)
         elif packed_seq_params is not None:
