@@ -238,3 +238,14 @@ class TrainerGroup:
                 continue
             _end(r)
         self.ranks = []
+
+    def offload(self) -> dict[str, float]:
+        """Every rank's parameters, gradients and optimizer state out of device memory (the hybrid deployment,
+        between publish and the next pass that needs them): the bytes of all ranks, the slowest rank's seconds."""
+        results = self._all("offload")
+        return {k: (max if k == "offload_s" else sum)(r[k] for r in results) for k in results[0]}
+
+    def onload(self) -> dict[str, float]:
+        """What `offload` released, back on every rank, bit for bit (offload's figures, for onload)."""
+        results = self._all("onload")
+        return {k: (max if k == "onload_s" else sum)(r[k] for r in results) for k in results[0]}
