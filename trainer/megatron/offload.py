@@ -96,7 +96,7 @@ def offload(rank: MegatronRank) -> dict[str, float]:
     if cuda:
         torch.cuda.synchronize()  # the copies have landed before their source is released
     for h in done.held:
-        h.storage.resize_(0)
+        _resize(h.storage, 0)
     if cuda:
         torch.cuda.empty_cache()  # back to the driver, for the engines on the same GPU
         rank._offload_pool = {h.storage._cdata: h.host for h in done.held if h.host is not None}
@@ -114,7 +114,7 @@ def onload(rank: MegatronRank) -> dict[str, float]:
         return {"onload_bytes": 0, "onload_s": 0.0}
     cuda = rank.spec.trainer.device == "cuda"
     for h in done.held:
-        h.storage.resize_(h.nbytes)
+        _resize(h.storage, h.nbytes)
         if h.host is None:
             _bytes(h.storage).zero_()
         else:
@@ -181,6 +181,17 @@ def _torch_optimizers(rank: MegatronRank) -> list[torch.optim.Optimizer]:
     a stub without one)."""
     chained = getattr(rank.optimizer, "chained_optimizers", [rank.optimizer])
     return [o.optimizer for o in chained if getattr(o, "optimizer", None) is not None]
+
+
+def _resize(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """Resize in place (0: release), keeping the storage object that every view holds. A CPU storage that numpy has
+    viewed is fixed-size (torch's tensor_to_numpy marks it so, that numpy never points into freed memory; the
+    safetensors writer and parameter_digest view parameters through numpy): its memory is swapped with a new
+    storage of the size instead, and the old memory leaves with that one."""
+    if storage.resizable():
+        storage.resize_(nbytes)
+    else:
+        storage._swap_data_ptr_(torch.UntypedStorage(nbytes, device=storage.device))
 
 
 def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
