@@ -1,7 +1,8 @@
 """The GPU cluster examples (configs/cluster/) load as a user would start them (their data files in place), ask
 for CUDA, NCCL and GPU memory as a share, and split the models they name the way the trainer and vLLM can: the
 layout checks the trainer runs at start-up pass on those models' architectures (their config.json values), and
-the ranks and engines fit the nodes the comments describe."""
+the ranks and engines fit the nodes the comments describe: placement.trainer_nodes nodes of trainer ranks, the
+engines on one more."""
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,10 @@ ARCHITECTURES = {
                                                  num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
                                                  vocab_size=32000, max_position_embeddings=32768, rope_theta=1e6,
                                                  num_local_experts=8, num_experts_per_tok=2),
+    "Qwen/Qwen3-30B-A3B": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, head_dim=128,
+                               moe_intermediate_size=768, num_attention_heads=32, num_key_value_heads=4,
+                               num_hidden_layers=48, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                               vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6),
 }
 GPUS_PER_NODE = 8
 
@@ -56,9 +61,10 @@ def test_cluster_config_loads_and_fits_its_model(path, tmp_path):
     p = t.parallel
     check_layout(kwargs, vocab_size=hf.vocab_size, tp=p.tp, pp=p.pp, ep=p.ep)  # raises LayoutError otherwise
     assert hf.num_key_value_heads % r.tp == 0 and hf.num_attention_heads % r.tp == 0  # vLLM's TP split
-    assert p.world <= GPUS_PER_NODE  # the ranks publish into one node's shared memory
+    nodes = cfg.placement.trainer_nodes  # each node's ranks publish into its shared memory
+    assert p.world % nodes == 0 and p.world // nodes <= GPUS_PER_NODE
     engine_gpus = r.engines * r.tp
-    assert engine_gpus <= GPUS_PER_NODE * 2 - p.world
+    assert engine_gpus <= GPUS_PER_NODE * (nodes + 1) - p.world
     if not cfg.transfer.enabled:  # engines read the trainer node's shared memory: one node for everything
         assert p.world + engine_gpus <= GPUS_PER_NODE
     else:
