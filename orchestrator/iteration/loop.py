@@ -14,9 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ckpt_transfer.export import export_hf
 from orchestrator.iteration.checkpointing import save_checkpoint
 from orchestrator.iteration.checks import BatchChecks
+from orchestrator.iteration.colocation import Handover
 from orchestrator.iteration.drawing import draw, sampling_seed
 from orchestrator.iteration.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.iteration.learning_signal import SignalWatch
+from orchestrator.iteration.logprob_check import probe_due
 from orchestrator.iteration.sample_metrics import sample_metrics, sample_records
 from orchestrator.iteration.schedule import Around, RolloutScheduler
 from orchestrator.iteration.session import Session, console
@@ -36,11 +38,13 @@ TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "
 def run_iterations(s: Session) -> None:
     cfg, run = s.cfg, s.run
     checks, signal = BatchChecks(s), SignalWatch(cfg.logging.no_signal_after)
+    devices = Handover(s)  # trainer and engines taking turns on shared devices (off unless colocated on CUDA)
     schedule = make_schedule(s, checks)
     held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
     manifest = None
     with ProgressBar(cfg, s.start_iteration) as show, schedule:
         for it in range(s.start_iteration + 1, cfg.iterations + 1):
+            devices.to_engines(it)  # the first iteration's: later ones hand over after their publish
             with run.phase(it, "rollout") as rec, show("rollout"):
                 drawn = schedule.take(it)  # drawn now, or (max_staleness >= 1) while the last iteration trained
                 rec["parts"] = drawn.rolled.parts
@@ -48,6 +52,7 @@ def run_iterations(s: Session) -> None:
             with run.phase(it, "reward"):
                 scored = score(s, it, drawn)
             watch_signal(s, signal, it, drawn, scored)
+            devices.to_trainer(it)
             batch, mismatch = train_batch(s, it, drawn)  # [old_logprobs] [reference]
             with run.phase(it, "train"), show("train"):
                 schedule.training()
@@ -57,11 +62,13 @@ def run_iterations(s: Session) -> None:
                 manifest = s.publish(it)
                 rec["bytes"] = manifest.nbytes
             schedule.published(it)  # the batch drawn ahead ends on the weights it began on
+            devices.to_engines(it)
             with run.phase(it, "sync") as rec, show(f"sync ({cfg.rollout.sync_mode})"):
                 delivery, rec["parts"] = s.sync(manifest)
                 rec["bytes"] = manifest.nbytes
             schedule.synced(it)
-            probe = checks.probe(it)
+            with devices.beside_engines(it, needed=probe_due(cfg.rollout.probe_interval, it)):
+                probe = checks.probe(it)
             evaluation = {}
             if cfg.eval.every and it % cfg.eval.every == 0:
                 with run.phase(it, "eval"), show("eval"):
@@ -80,9 +87,10 @@ def run_iterations(s: Session) -> None:
                         f"  loss {trained['loss']:+.4f}  gap {gaps['logprob_gap']:.2e}")
             checks.check_probe(it, probe)
             if checkpoint_due(cfg, it):
-                with run.phase(it, "checkpoint"), show("checkpoint"):
+                with devices.trainer_turn(it), run.phase(it, "checkpoint"), show("checkpoint"):
                     save_checkpoint(run, s.trainer, it, cfg.keep_checkpoints, also=schedule.save_ahead)
             show.advance()
+    devices.to_trainer(cfg.iterations)
     run.write_final(cfg.iterations, s.trainer.parameter_digests())
     # the weights the engines served last, outside shared memory (published again if no iteration ran here)
     export_hf(manifest or s.publish(cfg.iterations), run.path / "hf")

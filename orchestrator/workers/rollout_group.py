@@ -107,6 +107,14 @@ class RolloutGroup:
         self._loaded = list(manifests)
         return [done[i] for i in range(len(self.engines))]
 
+    def sleep(self, level: int) -> None:
+        """Every engine asleep (rollout.sleep_level), its GPU memory free for the trainer on the same GPUs."""
+        self._on_engines({i: lambda e: e.sleep.remote(level) for i in range(len(self.engines))})
+
+    def wake_up(self) -> None:
+        """Every engine awake again, for the sync and rollout that follow."""
+        self._on_engines({i: lambda e: e.wake_up.remote() for i in range(len(self.engines))})
+
     def release_in_flight(self) -> None:
         """Engines waiting for in-flight weights go on without them (the run is stopping)."""
         for e in self.engines:
