@@ -390,6 +390,10 @@ class TaskConfig(StrictModel):
     length: int = Field(3, gt=0, description="reverse: length of the strings to reverse; count: how many "
                         "consecutive numbers an answer holds.")
     high: int = Field(20, ge=2, description="guess: the secret number is drawn from 1..high.")
+    sft_skip: float = Field(0.0, ge=0.0, lt=1.0, description="count: the warm start's demonstrations skip the next "
+                            "number with this probability after each one they write (a sloppy teacher: the policy RL "
+                            "starts from has the habit, and the reward, which credits each number, pays for unlearning "
+                            "it); 0: exact demonstrations.")
 
     @model_validator(mode="after")
     def _files_exist(self, info: ValidationInfo) -> "TaskConfig":
@@ -398,6 +402,9 @@ class TaskConfig(StrictModel):
                              "'reasoning_gym'")
         if self.name in ("jsonl", "dataset") and not self.path:
             raise ValueError(f"task.path is required when task.name is {self.name!r}")
+        if self.sft_skip and self.name != "count":
+            raise ValueError(f"task.sft_skip is the count task's sloppy demonstrations; task.name {self.name!r} "
+                             "has no such option")
         if self.demonstrations_field is not None and self.name != "dataset":
             raise ValueError(f"task.demonstrations_field is a column of a dataset (task.name dataset); task.name "
                              f"{self.name!r} writes its own demonstrations or has none")

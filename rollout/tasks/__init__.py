@@ -19,7 +19,7 @@ def make_task(cfg: TaskConfig, sandbox_url: str | None = None, seed: int = 0) ->
     if cfg.name == "reverse":
         return ReverseTask(length=cfg.length)
     if cfg.name == "count":
-        return CountTask(length=cfg.length, max_digits=cfg.max_digits)
+        return CountTask(length=cfg.length, max_digits=cfg.max_digits, sft_skip=cfg.sft_skip)
     if cfg.name == "multiply":
         return MultiplyTask(max_digits=cfg.max_digits)
     if cfg.name == "guess":

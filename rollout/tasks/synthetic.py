@@ -108,6 +108,7 @@ class CountTask(_GeneratedTask):
 
     length: int = 300
     max_digits: int = 3
+    sft_skip: float = 0.0  # the warm start's demonstrations skip the next number with this probability
     name: str = "count"
 
     def __post_init__(self) -> None:
@@ -121,6 +122,25 @@ class CountTask(_GeneratedTask):
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
         return [in_order_match(c, p.answer) for p, c in zip(problems, completions)]
+
+    def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
+        """The reference answers, or with `sft_skip` a sloppy teacher's: after each number it writes, the next is
+        skipped with probability sft_skip (never the last, so every demonstration still ends at B). A warm start
+        on them counts correctly but skips about sft_skip / (1 + sft_skip) of the answer, each skip a choice the
+        reward's per-number credit charges for."""
+        if not self.sft_skip:
+            return super().sft_examples(seed, n)
+        rng, skips = _rng(seed, 2), _rng(seed, 3)  # the exact demonstrations' prompts, skips drawn apart
+        out = []
+        for _ in range(n):
+            problem = self._problem(rng)
+            numbers = problem.answer.split()
+            written, i = [], 0
+            while i < len(numbers):
+                written.append(numbers[i])
+                i += 2 if i + 2 < len(numbers) and skips.random() < self.sft_skip else 1
+            out.append((problem.prompt, " ".join(written)))
+        return out
 
     def corpus(self) -> str:
         return "count 100 to 109: " + " ".join(map(str, range(100, 110))) + "\n"

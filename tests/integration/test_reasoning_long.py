@@ -19,9 +19,12 @@ def test_reasoning_length_completions_train_packed_within_the_gap(tmp_path, addr
     cfg = yaml.safe_load((ROOT / "configs" / "reasoning_long.yaml").read_text())
     cfg |= {"ray": {"address": address}, "iterations": 1, "save_every": 1}
     cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-long-{os.getpid()}"
-    # enough of the warm start that the model writes numbers and has not learnt to stop: samples run on
+    # enough of the warm start that the model writes numbers and has not learnt to stop: samples run on. The
+    # config's sloppy teacher sampled at 1.0 needs its 400 steps for that (40: completions of ~480 tokens); exact
+    # demonstrations sampled at 0.7 write long answers after 40
+    cfg["task"]["sft_skip"] = 0.0
     cfg["trainer"] |= {"warmup_sft_steps": 40, "warmup_sft_batch": 4}
-    cfg["rollout"] |= {"prompts_per_iteration": 2, "n_samples": 4, "max_new_tokens": 1100}
+    cfg["rollout"] |= {"prompts_per_iteration": 2, "n_samples": 4, "max_new_tokens": 1100, "temperature": 0.7}
     path = tmp_path / "reasoning_long.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = tide("run", path, "--run-dir", tmp_path / "run", timeout=600)

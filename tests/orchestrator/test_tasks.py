@@ -119,3 +119,41 @@ def test_count_task_answers_and_in_order_reward():
     assert in_order_match("a b a c", "a a b c") == pytest.approx(3 / 4)  # repeated items: each matched once
     with pytest.raises(ValueError, match="do not fit"):
         CountTask(length=901, max_digits=3)
+
+
+def test_count_task_sloppy_demonstrations():
+    """task.sft_skip: the warm start's demonstrations count from A, skip the next number with that probability
+    after each one written, and still end at B; the share they leave out is sft_skip / (1 + sft_skip), which is
+    what the reward charges them. 0 writes the reference answers; another task refuses the option by name."""
+    from rollout.config import TaskConfig
+    from rollout.tasks import CountTask
+
+    exact = CountTask(length=300, max_digits=3)
+    assert all(c == _problem(p).answer for p, c in exact.sft_examples(3, 4))
+    sloppy = CountTask(length=300, max_digits=3, sft_skip=0.3)
+    examples = sloppy.sft_examples(3, 40)
+    assert [p for p, _ in examples] == [p for p, _ in exact.sft_examples(3, 40)]  # the same prompts
+    written = 0
+    for prompt, completion in examples:
+        first, last = int(prompt.split()[1]), int(prompt.split()[3].rstrip(":"))
+        numbers = [int(n) for n in completion.split()]
+        assert numbers[0] == first and numbers[-1] == last
+        steps = {b - a for a, b in zip(numbers, numbers[1:])}
+        assert steps <= {1, 2} and 2 in steps
+        written += len(numbers)
+    left_out = 1 - written / (40 * 300)
+    assert left_out == pytest.approx(0.3 / 1.3, abs=0.02)
+    mean_reward = sum(sloppy.score([_problem(p)], [c])[0] for p, c in examples) / len(examples)
+    assert mean_reward == pytest.approx(written / (40 * 300))
+    assert TaskConfig(name="count", sft_skip=0.3).sft_skip == 0.3
+    with pytest.raises(ValueError, match="task.sft_skip"):
+        TaskConfig(name="addition", sft_skip=0.3)
+    with pytest.raises(ValueError):
+        TaskConfig(name="count", sft_skip=1.0)
+
+
+def _problem(prompt: str):
+    from rollout.tasks import Problem
+
+    first, last = int(prompt.split()[1]), int(prompt.split()[3].rstrip(":"))
+    return Problem("count", prompt, " ".join(map(str, range(first, last + 1))))
