@@ -29,6 +29,16 @@ def missing_path(what: str, path: str, info: ValidationInfo) -> str:
     return f"no such {what} {path!r} (relative paths resolve against {where} {config_dir(info)})"
 
 
+NODE_SHM_ROOT_ENV = "TIDE_SHM_ROOT"
+
+
+def node_shm_root(configured: str) -> str:
+    """The publish root on the node this process runs on: `publish.shm_root`, unless the node's environment names
+    its own in TIDE_SHM_ROOT. Set per node where several Ray nodes share one host (a simulated cluster: each raylet
+    started with its own), so that each keeps what its trainer ranks own apart, as separate machines would."""
+    return os.environ.get(NODE_SHM_ROOT_ENV) or configured
+
+
 # A path in the YAML. Held absolute once validated, so that the resolved config (RUN_DIR/config.yaml) means the
 # same from any directory; defined here, in the lowest room whose settings name paths.
 ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]

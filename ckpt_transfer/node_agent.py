@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from ckpt_transfer import gc
 from ckpt_transfer.checksum import ShardVerificationError, verify_shard
 from ckpt_transfer.manifest import MANIFEST_FILE, Manifest, ShardRecord
+from ckpt_transfer.owners import OWNER_FILE, claim, sweep_dead_runs
 from ckpt_transfer.registry import RegistryClient
 from ckpt_transfer.transport import (
     OPTIONAL_FILES,
@@ -80,17 +82,30 @@ class NodeAgent:
         return gc.iteration_dir(self.root, run, iteration)
 
     # ------------------------------------------------------------------ source side
+    def prepare(self, run: str, iteration: int) -> str:
+        """An empty directory under this node's root for its trainer ranks to write `iteration` into (what a
+        killed run left there removed: half-written shards are never reused)."""
+        if not (self.root / run / OWNER_FILE).exists():  # a node the driver is not on: the sweep's owner record
+            claim(self.root / run)
+        directory = self.local_dir(run, iteration)
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        return str(directory)
+
     def publish(self, manifest: Manifest) -> dict[str, ServedFile]:
-        """Serve this node's shards of `manifest` (and its aux files) and register them."""
+        """Serve this node's shards of `manifest` (read from manifest.directory, this node's copy of the
+        iteration) and the aux files it holds, and register them: a trainer spanning nodes publishes each node's
+        part from that node, the aux files (config, tokenizer, index) from rank 0's."""
         mine = [s for s in manifest.shards if s.node == self.node]
         if not mine:
             raise ValueError(f"node {self.node!r} holds no shard of {manifest.run}/{manifest.iteration} "
                              f"(shard nodes: {sorted({s.node for s in manifest.shards})})")
         served = self.transport.serve_manifest(manifest, node=self.node)
         if self.registry is not None:
+            held = [a for a in manifest.aux_files if (Path(manifest.directory) / a).exists()]
             self.registry.register(manifest.run, manifest.iteration, self.node, self.address, mine,
-                                   directory=manifest.directory, aux_files=list(manifest.aux_files),
-                                   tp_size=manifest.tp_size)
+                                   directory=manifest.directory, aux_files=held, tp_size=manifest.tp_size)
         return served
 
     def retire(self, run: str, iteration: int) -> list[str]:
@@ -152,12 +167,15 @@ class NodeAgent:
                 # A peer may have restarted with a new address: ask the registry once more, retry once.
                 fresh = self.registry.lookup(manifest.run, manifest.iteration) if self.registry else None
                 if fresh is None or fresh.addresses == dict(addresses):
-                    raise
+                    raise naming_node(first, addresses) from first
                 log.warning("retrying %s/%s with fresh addresses after: %s", manifest.run, manifest.iteration, first)
                 still = [s for s in lacking if not (local / s.file).exists()]
                 still_aux = [a for a in aux if not (local / a).exists()]
                 items = self._items(manifest, still, still_aux, fresh.addresses, fresh.aux_node)
-                stats = self.transport.pull_items(items, local, on_progress=on_progress, fault_hook=fault_hook)
+                try:
+                    stats = self.transport.pull_items(items, local, on_progress=on_progress, fault_hook=fault_hook)
+                except TransferError as second:
+                    raise naming_node(second, fresh.addresses) from second
             result.pulled_files, result.pulled_bytes, result.attempts = stats.files, stats.bytes, stats.attempts
         replace(manifest, directory=str(local)).save(local)
         if self.keep_last:
@@ -210,6 +228,15 @@ class NodeAgent:
                 self.retire(run, it)
         return gc.gc_iterations(self.root / run, keep_last, protect)
 
+    def release(self, run: str) -> None:
+        """Stop serving `run` and remove what this node keeps of it (and the root, once empty)."""
+        self.transport.unserve(prefix=f"{run}/")  # served_key's run part
+        shutil.rmtree(self.root / run, ignore_errors=True)
+        try:
+            self.root.rmdir()
+        except OSError:  # another run's files
+            pass
+
     def ping(self) -> dict:
         return {"node": self.node, "address": self.address, "root": str(self.root), "pid": os.getpid()}
 
@@ -217,29 +244,44 @@ class NodeAgent:
         self.transport.close()
 
 
+def naming_node(error: TransferError, addresses: Mapping[str, str]) -> TransferError:
+    """`error` (of the same class, shard and peer), its message naming the node whose address is its peer, the
+    shard's holder as the registry knows it (a trainer node's name tells which part of the trainer it was)."""
+    node = next((n for n, address in addresses.items() if address == error.peer), None)
+    if node is None or f"node {node!r}" in str(error):
+        return error
+    return type(error)(f"{error} (node {node!r})", shard=error.shard, peer=error.peer)
+
+
 def start_node_agent_actor(node: str, shm_root: str, config: TransferConfig | Mapping | None = None,
                            registry: RegistryClient | None = None, keep_last: int | None = None,
-                           **ray_options):
-    """Run a NodeAgent as a Ray actor (its own process, its own engine and shm root). `ray_options` go to
-    `.options()`, e.g. a node-affinity scheduling strategy on a cluster; default num_cpus=0."""
+                           publish_root: bool = False, **ray_options):
+    """Run a NodeAgent as a Ray actor (its own process, its own engine and shm root). `publish_root`: shm_root is
+    publish.shm_root, which the node the actor lands on may name otherwise (ckpt_transfer.config.node_shm_root).
+    `ray_options` go to `.options()`, e.g. a node-affinity scheduling strategy on a cluster; default num_cpus=0."""
     import ray
 
     opts = {"num_cpus": 0, **ray_options}
     cfg = config.model_dump() if isinstance(config, TransferConfig) else config
-    return ray.remote(_RayNodeAgent).options(**opts).remote(node, shm_root, cfg, registry, keep_last)
+    return ray.remote(_RayNodeAgent).options(**opts).remote(node, shm_root, cfg, registry, keep_last, publish_root)
 
 
 class _RayNodeAgent(NodeAgent):
-    """A NodeAgent in a Ray actor: `local_host: auto` becomes the address Ray knows this node by, wherever the
-    actor was placed."""
+    """A NodeAgent in a Ray actor: `local_host: auto` becomes the address Ray knows this node by, and a publish
+    root the node's own, wherever the actor was placed."""
 
     def __init__(self, node: str, shm_root: str, config: Mapping | None, registry: RegistryClient | None,
-                 keep_last: int | None) -> None:
+                 keep_last: int | None, publish_root: bool = False) -> None:
         import ray
+
+        from ckpt_transfer.config import node_shm_root
 
         config = dict(config or {})
         if config.get("local_host") == "auto":
             config["local_host"] = ray.util.get_node_ip_address()
+        if publish_root:
+            shm_root = node_shm_root(shm_root)
+            sweep_dead_runs(Path(shm_root))  # what killed runs left on this node
         super().__init__(node, shm_root, config, registry, keep_last)
 
 

@@ -27,3 +27,8 @@ class ChecksumMismatchError(TransferError):
 class TransferTimeoutError(TransferError):
     """A read, or a pull attempt's reads together, ran past the deadline."""
 
+
+
+class NodeAgentLostError(TransferError):
+    """A node's agent (the process serving or pulling its shared memory) died or does not answer; `peer` names the
+    node."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -25,15 +25,23 @@ class RankLayout:
     dp_rank: int = 0
     expert_dp_rank: int = 0
     layer_map: Mapping[int, int] | None = None  # None: local index == global index
+    dp_size: int = 1
+    expert_dp_size: int = 1
 
     @property
     def writes_dense(self) -> bool:
-        """Data-parallel replicas hold the same dense weights: only the first writes them."""
+        """Data-parallel replicas hold the same dense weights: the conversion yields them on the first only
+        (`replica_parts` asks every replica for them, to split the writing)."""
         return self.dp_rank == 0
 
     @property
     def writes_experts(self) -> bool:
         return self.expert_dp_rank == 0
+
+    def replica_parts(self) -> tuple["RankLayout", "RankLayout"]:
+        """Layouts converting only the dense tensors, and only the expert tensors, whatever this replica's index:
+        what the replicas of one (tp, pp, ep) position hold alike, for `replica_share` to split."""
+        return replace(self, dp_rank=0, expert_dp_rank=1), replace(self, dp_rank=1, expert_dp_rank=0)
 
     def global_layer(self, local: int) -> int:
         return local if self.layer_map is None else self.layer_map[local]
@@ -67,6 +75,24 @@ class HFTensor:
 
 class ConversionError(ValueError):
     pass
+
+
+def replica_share(stream: list[HFTensor], replica: int, replicas: int) -> list[HFTensor]:
+    """Replica `replica`'s share of the tensors that `replicas` data-parallel replicas hold alike, so that they
+    write one copy between them rather than one writing it all: the longest-processing-time rule (Graham 1969,
+    "Bounds on multiprocessing timing anomalies") by element count, largest first, each to the replica with the
+    fewest so far (ties: the lower index, then the name), within 4/3 of an even split. Every replica computes the
+    same assignment from the same stream, so the shares are disjoint and cover it."""
+    if replicas == 1:
+        return stream
+    loads = [0] * replicas
+    mine = set()
+    for t in sorted(stream, key=lambda t: (-t.tensor.numel(), t.name, t.tp_rank)):
+        owner = min(range(replicas), key=lambda r: loads[r])
+        loads[owner] += t.tensor.numel()
+        if owner == replica:
+            mine.add((t.name, t.tp_rank))
+    return [t for t in stream if (t.name, t.tp_rank) in mine]
 
 
 def decoder_kwargs(hf_config: Any) -> dict[str, Any]:

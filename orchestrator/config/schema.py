@@ -161,6 +161,14 @@ class PlacementConfig(StrictModel):
     rollout_cpus: int | None = Field(None, ge=1, description="Disaggregated on CPU: how many of the host's cores "
                                      "the engines get (the first ones; the trainer ranks get the others); null: "
                                      "half of them.")
+    trainer_nodes: int = Field(1, ge=1, description="The nodes the trainer's ranks span: world / trainer_nodes "
+                               "consecutive ranks on each (Megatron's rank order runs tp, ep, dp, pp from fastest "
+                               "to slowest, so with pp = trainer_nodes each node holds a pipeline stage, with pp 1 "
+                               "and dp = trainer_nodes a data-parallel replica). Each node's ranks publish the "
+                               "Hugging Face tensors they own into that node's shared memory (data-parallel "
+                               "replicas split the writing), and the engines' nodes pull every tensor from a node "
+                               "that holds it (transfer.enabled): no node gathers the whole checkpoint. 1: every "
+                               "rank on one node.")
 
     @model_validator(mode="after")
     def _cpus_only_when_disaggregated(self) -> "PlacementConfig":
@@ -258,6 +266,14 @@ class TideConfig(StrictModel):
                                  f"grpo's pi_old; loss {self.trainer.loss} takes the policy that sampled as its "
                                  f"pi_old: remove it")
             gpus = "cuda" in (self.trainer.device, r.device)
+            nodes, world = self.placement.trainer_nodes, self.trainer.parallel.world
+            if nodes > 1 and world % nodes:
+                raise ValueError(f"placement.trainer_nodes {nodes}: the trainer's {world} ranks (trainer.parallel: "
+                                 f"dp x tp x pp x ep) do not split evenly over {nodes} nodes")
+            if nodes > 1 and not self.transfer.enabled:
+                raise ValueError(f"placement.trainer_nodes {nodes}: each node publishes what its ranks own into its "
+                                 f"own shared memory, and the engines' nodes pull it through the transfer engine: "
+                                 f"set transfer.enabled true")
             if gpus and self.placement.mode == "colocated":
                 raise ValueError("placement.mode colocated: engines and trainer ranks sharing GPUs is not built; on "
                                  "cuda they get their own GPUs (placement.mode disaggregated, the default there)")

@@ -74,8 +74,8 @@ def run_iterations(s: Session) -> None:
                 with run.phase(it, "eval"), show("eval"):
                     evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, cfg.rollout,
                                           sampling_seed(cfg.seed + EVAL_STREAM, it), s.agent)
-            moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds}
-                     if cfg.transfer.enabled else {})
+            moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds,
+                      **s.trainer.published_bytes(manifest)} if cfg.transfer.enabled else {})
             run.log_metrics({"iteration": it, **scored.metrics, **sample_metrics(drawn.rolled.samples),
                              "lr": trained["lr"], **{k: trained[k] for k in TRAIN_METRICS if k in trained},
                              **mismatch, **gaps, **replay_gaps(trained), **probe, "samples": len(drawn.rolled.samples),
@@ -93,7 +93,7 @@ def run_iterations(s: Session) -> None:
     devices.to_trainer(cfg.iterations)
     run.write_final(cfg.iterations, s.trainer.parameter_digests())
     # the weights the engines served last, outside shared memory (published again if no iteration ran here)
-    export_hf(manifest or s.publish(cfg.iterations), run.path / "hf")
+    export_hf(s.whole_copy(manifest or s.publish(cfg.iterations)), run.path / "hf")
 
 
 def make_schedule(s: Session, checks: BatchChecks) -> RolloutScheduler:

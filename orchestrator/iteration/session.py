@@ -137,7 +137,8 @@ class Session:
             ray_side = stack.enter_context(RaySideStops(cluster))
             console.log(f"[bold]{cfg.name}[/]: model {model_dir}, run dir {run.path}")
             try:
-                placement = Placement.reserve(cfg.trainer, cfg.rollout, cfg.placement.mode, cfg.placement.rollout_cpus)
+                placement = Placement.reserve(cfg.trainer, cfg.rollout, cfg.placement.mode, cfg.placement.rollout_cpus,
+                                              cfg.placement.trainer_nodes)
             except ValueError as e:  # a split of this host's cores that cannot be made
                 raise ConfigError(str(e)) from None
             ray_side.callback(placement.release)
@@ -168,8 +169,8 @@ class Session:
                                        placement=placement.trainer_rank, cpus=placement.trainer_cpus)
             ray_side.callback(trainer.shutdown)
             weights = open_weight_sync(publish_key(cfg, run), cfg.publish, cfg.transfer, cfg.rollout.engines,
-                                       trainer_node=trainer.node, namespace=cfg.ray.namespace,
-                                       placement=placement.agents(cfg.rollout.engines, trainer.node_id))
+                                       trainer_nodes=trainer.nodes, namespace=cfg.ray.namespace,
+                                       placement=placement.agents(cfg.rollout.engines, trainer.node_ids))
             ray_side.callback(weights.close)
             ray_side.instead(weights.release_local)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
@@ -246,16 +247,25 @@ class Session:
     def publish(self, iteration: int) -> Manifest:
         """Trainer ranks write the iteration as HF shards into shared memory; the weight-sync announces it."""
         p = self.cfg.publish
+        directories = self.weights.staging_dirs(iteration, self.trainer.nodes)
         try:
-            manifest = self.trainer.publish(self.weights.run, iteration, str(self.weights.staging_dir(iteration)),
-                                            p.shard_bytes, p.writer_threads)
+            manifest = self.trainer.publish(self.weights.run, iteration, directories, p.shard_bytes,
+                                            p.writer_threads)
         except OSError as e:
             full = shm_full_error(e, iteration, p.shm_root, p.keep_last)
             if full is None:
                 raise
             raise full from e
-        self.weights.publish(manifest)
+        self.weights.publish(manifest, directories)
         return manifest
+
+    def whole_copy(self, manifest: Manifest) -> Manifest:
+        """A copy of the iteration that holds all of it where this process can read it: the publish itself from a
+        trainer on one node, an engine node's pulled copy from a trainer spanning nodes (no node of which holds
+        the whole checkpoint)."""
+        if len(self.trainer.nodes) == 1:
+            return manifest
+        return self.weights.pull(manifest).manifests[0]
 
     def sync(self, manifest: Manifest, first: bool = False) -> tuple[Delivery, dict[str, float]]:
         """Bring every engine onto `manifest` (each loads the copy on its own node), then collect old

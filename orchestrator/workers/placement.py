@@ -4,7 +4,9 @@ On GPUs two placement groups are reserved before anything starts: the trainer's 
 node (STRICT_PACK: the ranks publish into that node's shared memory, which its node agent serves), then one
 bundle of `rollout.tp` GPUs per engine (PACK: as few nodes as fit). Engine k and rollout node agent k (which
 pulls each iteration into that node's shared memory, where engine k loads it) are both scheduled into bundle
-k, so they share a node; the source agent runs on the trainer's node. On GPUs engines and ranks never share a GPU
+k, so they share a node; a source agent runs on each trainer node. A trainer spanning nodes
+(placement.trainer_nodes N) gets one bundle per node (STRICT_SPREAD: N distinct nodes) holding world / N
+consecutive ranks, on CPU too (a bundle of one CPU marks the node; the ranks ask for none). On GPUs engines and ranks never share a GPU
 (placement.mode disaggregated). On CPU (one machine, the embedded default) nothing is reserved: colocated, the
 phases take turns on all the host's cores; disaggregated, the engines' compute threads are bound to the first
 placement.rollout_cpus cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; the run's own sandbox service with them, bound by
@@ -33,19 +35,27 @@ class Placement:
     trainer_cpus: tuple[int, ...] | None = None  # disaggregated on CPU: the cores of the ranks, and of the engines
     engine_cpus: tuple[int, ...] | None = None
     tp: int = 1  # each engine's TP workers: one OpenMP core group each
+    ranks_per_node: int | None = None  # a trainer spanning nodes: consecutive ranks per bundle
 
     @classmethod
     def reserve(cls, trainer: TrainerConfig, rollout: RolloutConfig, mode: Mode | None = None,
-                rollout_cpus: int | None = None) -> "Placement":
+                rollout_cpus: int | None = None, trainer_nodes: int = 1) -> "Placement":
         """Reserve (and wait for) the GPUs of the trainer ranks and of the engines; raise naming what does not
-        fit, with the free GPUs per node. Disaggregated on CPU: split this process's cores (`split_cpus`)."""
+        fit, with the free GPUs per node. Disaggregated on CPU: split this process's cores (`split_cpus`).
+        `trainer_nodes` > 1: the ranks spread over that many nodes (`spread_trainer`)."""
         placement = cls(tp=rollout.tp)
         if resolved_mode(mode, trainer, rollout) == "disaggregated" and "cuda" not in (trainer.device,
                                                                                       rollout.device):
+            if trainer_nodes > 1:
+                raise ValueError("placement.mode disaggregated on CPU splits one host's cores between engines and "
+                                 "trainer ranks; a trainer spanning nodes (placement.trainer_nodes) has nodes of "
+                                 "its own: use placement.mode colocated")
             placement.engine_cpus, placement.trainer_cpus = split_cpus(
                 sorted(os.sched_getaffinity(0)), rollout_cpus, rollout)
         try:
-            if trainer.device == "cuda":
+            if trainer_nodes > 1:
+                placement.trainer, placement.ranks_per_node = spread_trainer(trainer, trainer_nodes)
+            elif trainer.device == "cuda":
                 placement.trainer = _reserve([{"GPU": 1}] * trainer.parallel.world, "STRICT_PACK",
                                              f"{trainer.parallel.world} trainer ranks (trainer.parallel: dp x tp x "
                                              f"pp x ep) on one node")
@@ -65,22 +75,24 @@ class Placement:
         return {**extra_env, "VLLM_CPU_OMP_THREADS_BIND": _omp_bind(self.engine_cpus, self.tp)}
 
     def trainer_rank(self, i: int) -> dict:
-        """Ray actor options that put trainer rank i into its bundle."""
-        return _in_bundle(self.trainer, i)
+        """Ray actor options that put trainer rank i into its bundle (its node's, for a trainer spanning nodes)."""
+        return _in_bundle(self.trainer, i if self.ranks_per_node is None else i // self.ranks_per_node)
 
     def engine(self, k: int) -> dict:
         """Ray actor options that put an actor into engine k's bundle."""
         return _in_bundle(self.engines, k)
 
-    def agents(self, engines: int, trainer_node_id: str) -> AgentPlacement:
-        """The node agents: the source beside the trainer's ranks, agent k in engine k's bundle."""
-        if self.engines is None:
-            return AgentPlacement()
+    def agents(self, engines: int, trainer_node_ids: list[str]) -> AgentPlacement:
+        """The node agents: a source on each of the trainer's nodes (Ray node ids, in the trainer's node order),
+        agent k in engine k's bundle (anywhere without one)."""
+        if self.engines is None and len(trainer_node_ids) == 1:
+            return AgentPlacement()  # one machine: wherever Ray puts them
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        beside_trainer = NodeAffinitySchedulingStrategy(trainer_node_id, soft=False)
-        return AgentPlacement(source={"scheduling_strategy": beside_trainer},
-                              sinks=[self.engine(k) for k in range(engines)])
+        sources = [{"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+                   for node_id in trainer_node_ids]
+        return AgentPlacement(sources=sources, sinks=[self.engine(k) for k in range(engines)]
+                              if self.engines is not None else [])
 
     def release(self) -> None:
         import ray
@@ -98,10 +110,27 @@ def _reserve(bundles: list[dict], strategy: str, what: str):
     group = placement_group(bundles, strategy=strategy)
     if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
         ray.util.remove_placement_group(group)
-        free = {node: res.get("GPU", 0.0) for node, res in ray._private.state.available_resources_per_node().items()}
-        raise RuntimeError(f"the Ray cluster has no room for {what} after {PLACEMENT_TIMEOUT_S} s; free GPUs per "
+        kind = "GPU" if any("GPU" in b for b in bundles) else "CPU"
+        free = {node: res.get(kind, 0.0) for node, res in ray._private.state.available_resources_per_node().items()}
+        raise RuntimeError(f"the Ray cluster has no room for {what} after {PLACEMENT_TIMEOUT_S} s; free {kind}s per "
                            f"node: {free}")
     return group
+
+
+def spread_trainer(trainer: TrainerConfig, nodes: int) -> tuple[Any, int]:
+    """The placement group of a trainer spanning `nodes` nodes: one bundle per node (STRICT_SPREAD), of the GPUs
+    of its world / nodes ranks on cuda, of one CPU on cpu (the ranks ask for none: the bundle pins the node).
+    Returns it and the ranks per node."""
+    world = trainer.parallel.world
+    if world % nodes:
+        raise ValueError(f"placement.trainer_nodes {nodes}: the trainer's {world} ranks do not split evenly over "
+                         f"{nodes} nodes")
+    per_node = world // nodes
+    bundle = {"GPU": per_node} if trainer.device == "cuda" else {"CPU": 1}
+    unit = f"{per_node} GPU(s)" if trainer.device == "cuda" else "a CPU"
+    return _reserve([bundle] * nodes, "STRICT_SPREAD",
+                    f"{world} trainer ranks over {nodes} nodes (placement.trainer_nodes), {per_node} per node: "
+                    f"{nodes} distinct nodes with {unit} free each"), per_node
 
 
 def _in_bundle(group: Any, index: int) -> dict:

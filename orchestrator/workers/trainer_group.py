@@ -64,6 +64,12 @@ class _Rank:
         """(IP address, Ray node id) of this rank's node."""
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
+    def finalize_manifest(self, manifest: Manifest) -> Manifest:
+        """Write the HF index and, last, the manifest into the publish directory on this rank's node (rank 0's,
+        which holds the aux files); the manifest as written (its aux files gain the index)."""
+        finalize_manifest(manifest)
+        return manifest
+
     def exit(self) -> None:
         """End this process as Python ends, atexit handlers included: ray.kill skips them, and what libraries
         clean up there stays behind (wandb, imported by Megatron where installed, leaves two directories in /tmp)."""
@@ -153,11 +159,23 @@ class TrainerGroup:
             addr, port = self._get(self.ranks[0].address.remote())
             self._get([r.setup.remote(spec, i, self.world, addr, port, threads, cpus)
                        for i, r in enumerate(self.ranks)])
-            self.node, self.node_id = self._get(self.ranks[0].node.remote())
+            self._locate(self._get([r.node.remote() for r in self.ranks]))
         except BaseException:
             for r in self.ranks:  # ranks that did start would otherwise wait forever for the others
                 ray.kill(r)
             raise
+
+    def _locate(self, rank_nodes: list[tuple[str, str]]) -> None:
+        """Name the trainer's nodes, as its shards and their node agents will: by IP address on one node (where
+        a rank runs is where its node agent serves), `trainer<j>-<ip>` in rank order across several (simulated
+        nodes share an IP)."""
+        ids = list(dict.fromkeys(node_id for _, node_id in rank_nodes))
+        ip = {node_id: addr for addr, node_id in rank_nodes}
+        names = {ids[0]: ip[ids[0]]} if len(ids) == 1 else {n: f"trainer{j}-{ip[n]}" for j, n in enumerate(ids)}
+        self.rank_nodes = [names[node_id] for _, node_id in rank_nodes]  # per rank, its node's name
+        self.nodes = [names[n] for n in ids]
+        self.node_ids = [n for n in ids]  # Ray node ids, in the order of self.nodes
+        self.node, self.node_id = self.nodes[0], ids[0]
 
     def pids(self) -> list[int]:
         """The rank processes' pids, in rank order."""
@@ -189,14 +207,25 @@ class TrainerGroup:
     def logits(self, token_lists: list[list[int]]):
         return next(r for r in self._all("logits", token_lists) if r is not None)
 
-    def publish(self, run: str, iteration: int, directory: str, shard_bytes: int, writer_threads: int = 2) -> Manifest:
-        results = self._all("publish", directory, self.node, shard_bytes, writer_threads)
+    def publish(self, run: str, iteration: int, directory: str | dict[str, str], shard_bytes: int,
+                writer_threads: int = 2) -> Manifest:
+        """Every rank writes the HF tensors it owns into its node's directory (`directory`: one for all, or per
+        node name); the manifest lists them all, each under its node, and is written beside rank 0's aux files
+        (its `directory`)."""
+        dirs = directory if isinstance(directory, dict) else {n: directory for n in self.nodes}
+        results = self._get([r.call.remote("publish", dirs[node], node, shard_bytes, writer_threads)
+                             for r, node in zip(self.ranks, self.rank_nodes)])
         records = [s for r in results for s in r["shards"]]
         aux = sorted({name for r in results for name in r["aux_files"]})
-        manifest = Manifest(run=run, iteration=iteration, directory=directory, shards=records, aux_files=aux,
-                            tp_size=self.spec.trainer.parallel.tp)
-        finalize_manifest(manifest)
-        return manifest
+        manifest = Manifest(run=run, iteration=iteration, directory=dirs[self.rank_nodes[0]], shards=records,
+                            aux_files=aux, tp_size=self.spec.trainer.parallel.tp)
+        return self._get(self.ranks[0].finalize_manifest.remote(manifest))
+
+    def published_bytes(self, manifest: Manifest) -> dict[str, int]:
+        """`publish_bytes_node<j>`: the bytes of `manifest` that the trainer's node j (self.nodes) wrote and
+        serves, every node listed (0 where it wrote none)."""
+        return {f"publish_bytes_node{j}": sum(s.nbytes for s in manifest.shards if s.node == node)
+                for j, node in enumerate(self.nodes)}
 
     def reset_optimizer(self) -> None:
         self._all("reset_optimizer")

@@ -243,3 +243,25 @@ def test_llama3_rope_frequencies_are_transformers_own():
     assert torch.equal(got, want.float())
     assert not torch.allclose(got, plain) and torch.equal(got[:2], plain[:2])  # wavelengths under 64/4 untouched
     assert rope_inv_freq(LlamaConfig(hidden_size=64, num_attention_heads=2)) is None
+
+
+def test_replicas_split_what_they_hold_alike_into_disjoint_balanced_shares():
+    """replica_share: the shares of the replicas of one (tp, pp, ep) position are disjoint and cover the stream,
+    each within 4/3 of an even split by elements (LPT's bound), every replica computing the same split; one
+    replica writes everything."""
+    import torch
+
+    from ckpt_transfer.convert.common import HFTensor, replica_share
+
+    sizes = [1000, 700, 650, 300, 300, 120, 64, 64, 8, 8, 8]
+    stream = [HFTensor(f"t{i}", torch.zeros(n)) for i, n in enumerate(sizes)]
+    assert replica_share(stream, 0, 1) == stream
+    for replicas in (2, 3):
+        shares = [replica_share(list(stream), r, replicas) for r in range(replicas)]
+        names = [t.name for share in shares for t in share]
+        assert sorted(names) == sorted(t.name for t in stream) and len(set(names)) == len(stream)
+        loads = [sum(t.tensor.numel() for t in share) for share in shares]
+        assert max(loads) <= 4 / 3 * max(sum(sizes) / replicas, max(sizes)), loads
+        assert all(loads)
+        assert [t.name for t in replica_share(list(reversed(stream)), 0, replicas)] == \
+            [t.name for t in reversed(shares[0])]  # the stream's order does not change who writes what

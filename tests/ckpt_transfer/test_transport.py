@@ -256,3 +256,57 @@ def test_retired_iteration_is_no_longer_served(tmp_shm, make_iteration_fn) -> No
     finally:
         trainer.close()
         rollout.close()
+
+
+def _two_node_iteration(tmp_shm: Path, make_iteration_fn, iteration: int) -> tuple[Manifest, Path, Path]:
+    """An iteration whose shards two trainer nodes hold apart (a pipeline stage or a data-parallel share each, in
+    directories of their own), the aux files with trainer0; the manifest of the whole saved in both."""
+    a = make_iteration_fn(tmp_shm / "node0", "run", iteration, "trainer0", [2 << 20])
+    b = make_iteration_fn(tmp_shm / "node1", "run", iteration, "trainer1", [48 << 20, 1 << 20], seed=7)
+    renamed = []
+    for s in b.shards:  # files of their own, as ranks' prefixes make them
+        (Path(b.directory) / s.file).rename(Path(b.directory) / s.file.replace("model-", "model-n1-"))
+        renamed.append(replace(s, file=s.file.replace("model-", "model-n1-")))
+    (Path(b.directory) / "config.json").unlink()
+    whole = replace(a, shards=[*a.shards, *renamed])
+    whole.save()
+    replace(whole, directory=b.directory).save()
+    return whole, Path(a.directory), Path(b.directory)
+
+
+def test_two_trainer_nodes_each_serve_their_part_and_a_dead_one_is_named(tmp_shm, make_iteration_fn,
+                                                                         start_source) -> None:
+    """A rollout node pulls each shard from the trainer node that holds it, no trainer node holding all; with
+    one of them SIGKILLed mid-transfer the pull fails naming that node, its address and the shard, and leaves
+    nothing partial or complete-looking behind."""
+    whole, dir0, dir1 = _two_node_iteration(tmp_shm, make_iteration_fn, 1)
+    assert {p.name for p in dir0.glob("*.safetensors")} != {s.file for s in whole.shards}  # apart
+    src0 = start_source(whole, "trainer0", tmp_shm / "root0")
+    src1 = start_source(replace(whole, directory=str(dir1)), "trainer1", tmp_shm / "root1")
+    agent = NodeAgent("rollout0", tmp_shm / "rollout0", TransferConfig(bucket_bytes=1 << 20, concurrency=1,
+                                                                        **FAST_RETRY))
+    try:
+        res = agent.sync(whole, addresses={"trainer0": src0.address, "trainer1": src1.address})
+        local = Path(res.directory)
+        assert res.pulled_files == 4 and (local / MANIFEST_FILE).exists() and (local / "config.json").exists()
+        for s in whole.shards:
+            verify_shard(local / s.file, s)
+
+        whole2, _, dir1b = _two_node_iteration(tmp_shm, make_iteration_fn, 2)
+        src0b = start_source(whole2, "trainer0", tmp_shm / "root0b")
+        src1b = start_source(replace(whole2, directory=str(dir1b)), "trainer1", tmp_shm / "root1b")
+
+        def kill_node1_after_first_bucket(landed: int) -> None:
+            if landed > 2 << 20 and src1b.proc.poll() is None:  # into node 1's 48 MB shard
+                src1b.kill()
+
+        with pytest.raises(PeerUnavailableError) as ei:
+            agent.sync(whole2, addresses={"trainer0": src0b.address, "trainer1": src1b.address},
+                       on_progress=kill_node1_after_first_bucket)
+        msg = str(ei.value)
+        assert "node 'trainer1'" in msg and src1b.address in msg and "model-n1-00000.safetensors" in msg, msg
+        local2 = agent.local_dir("run", 2)
+        assert not (local2 / MANIFEST_FILE).exists() and not (local2 / "model-n1-00000.safetensors").exists()
+        assert _no_partials(tmp_shm / "rollout0")
+    finally:
+        agent.close()

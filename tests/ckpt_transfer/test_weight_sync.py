@@ -37,7 +37,7 @@ def _publish(sync: SharedMemorySync, iteration: int) -> Manifest:
 @pytest.fixture()
 def sync(tmp_path):
     s = open_weight_sync("toy", PublishConfig(shm_root=str(tmp_path / "shm"), keep_last=2), WeightTransferConfig(),
-                         engines=2, trainer_node="local", namespace="unused")
+                         engines=2, trainer_nodes="local", namespace="unused")
     assert isinstance(s, SharedMemorySync)
     yield s
     s.close()

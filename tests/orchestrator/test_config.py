@@ -261,6 +261,16 @@ def test_placement_is_refused_where_it_cannot_be_made():
     assert parse_config({**_base(), "placement": {"mode": "disaggregated", "rollout_cpus": 1}}).placement.mode
 
 
+def test_a_trainer_spanning_nodes_needs_an_even_split_and_the_transfer_engine():
+    pp2 = {"trainer": {"parallel": {"pp": 2}}}
+    with pytest.raises(ConfigError, match=r"placement.trainer_nodes 2: .*set transfer.enabled true"):
+        parse_config({**_base(), **pp2, "placement": {"trainer_nodes": 2}})
+    with pytest.raises(ConfigError, match=r"placement.trainer_nodes 3: the trainer's 2 ranks .* do not split evenly"):
+        parse_config({**_base(), **pp2, "placement": {"trainer_nodes": 3}, "transfer": {"enabled": True}})
+    cfg = parse_config({**_base(), **pp2, "placement": {"trainer_nodes": 2}, "transfer": {"enabled": True}})
+    assert cfg.placement.trainer_nodes == 2
+
+
 @pytest.mark.parametrize("path", ["/some/missing/dir", "./missing", "missing/dir/deeper", "~/missing-tide-model"])
 def test_missing_local_model_path_is_refused_by_name(path):
     """Never sent to the hub as a repo id: a path that looks local and does not exist names model.path."""

@@ -14,7 +14,7 @@ GPU_TRAINER = TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConf
 def test_cpu_runs_reserve_and_pin_nothing(ray_cluster):
     p = Placement.reserve(TrainerConfig(), RolloutConfig(engines=2))
     assert p.trainer is None and p.engines is None
-    assert p.trainer_rank(0) == {} and p.engine(1) == {} and p.agents(2, "any").sinks == []
+    assert p.trainer_rank(0) == {} and p.engine(1) == {} and p.agents(2, ["any"]).sinks == []
 
 
 def test_gpu_bundles_hold_ranks_engines_and_their_agents(ray_cluster):
@@ -36,9 +36,9 @@ def test_gpu_bundles_hold_ranks_engines_and_their_agents(ray_cluster):
         assert len(gpus) == 4 and len(set(gpus)) == 4  # each its own GPU
         assert {pg for *_, pg in rank_at} == {p.trainer.id.hex()}
         assert {pg for *_, pg in engine_at} == {p.engines.id.hex()}
-        agents = p.agents(2, rank_at[0][0])
+        agents = p.agents(2, [rank_at[0][0]])
         sinks = [actor.options(num_cpus=0, **agents.sink(k)).remote() for k in range(2)]
-        source = actor.options(num_cpus=0, **agents.source).remote()
+        source = actor.options(num_cpus=0, **agents.source(0)).remote()
         for k, (node, _, pg) in enumerate(ray.get([s.where.remote() for s in sinks], timeout=60)):
             assert (node, pg) == (engine_at[k][0], p.engines.id.hex())
         assert ray.get(source.where.remote(), timeout=60)[0] == rank_at[0][0]

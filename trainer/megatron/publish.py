@@ -10,24 +10,32 @@ if TYPE_CHECKING:
 
 
 def publish(rank: MegatronRank, out_dir: str, node: str, shard_bytes: int, writer_threads: int = 2) -> dict:
-    """Convert this rank's weights to HF names and layout and write them as safetensors shards.
-    Data-parallel replicas do not write: dense weights come from data-parallel rank 0, experts from
-    expert-data-parallel rank 0 of each expert-parallel rank. Rank 0 also copies config and tokenizer.
-    Returns {"shards": [ShardRecord], "aux_files": [names]}."""
+    """Convert this rank's weights to HF names and layout and write them as safetensors shards into `out_dir`, its
+    node's directory, the records naming `node`. Data-parallel replicas hold the same dense weights (and the
+    replicas of an expert-parallel rank the same experts): each writes its share (`replica_share`), so that a
+    trainer whose replicas sit on different nodes publishes from all of them and no node writes everything.
+    Rank 0 also copies config and tokenizer. Returns {"shards": [ShardRecord], "aux_files": [names]}."""
     from ckpt_transfer.convert import family
+    from ckpt_transfer.convert.common import replica_share
     from ckpt_transfer.writer import copy_aux_files, write_shards
     from trainer.megatron.compat import native_torch
 
     layout = rank.layout()
-    aux: list[str] = []
-    if rank.rank == 0:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        aux = copy_aux_files(rank.spec.hf_dir, out_dir)
-    if not (layout.writes_dense or (rank.config.num_moe_experts and layout.writes_experts)):
-        return {"shards": [], "aux_files": aux}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    aux = copy_aux_files(rank.spec.hf_dir, out_dir) if rank.rank == 0 else []
+    convert = family(rank.hf_config).megatron_to_hf
+    dense_part, expert_part = layout.replica_parts()
     with native_torch():  # views only: no device rewriting needed
-        stream = list(family(rank.hf_config).megatron_to_hf(rank.module.named_parameters(), rank.hf_config, layout))
+        stream = replica_share(list(convert(rank.module.named_parameters(), rank.hf_config, dense_part)),
+                               layout.dp_rank, layout.dp_size)
+        if rank.config.num_moe_experts:
+            stream += replica_share(list(convert(rank.module.named_parameters(), rank.hf_config, expert_part)),
+                                    layout.expert_dp_rank, layout.expert_dp_size)
+    if not stream:
+        return {"shards": [], "aux_files": aux}
     prefix = f"model-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
+    if layout.dp_size > 1:  # replicas write files of their own
+        prefix += f"-dp{layout.dp_rank:02d}"
     records = write_shards(stream, out_dir, node=node, prefix=prefix, shard_bytes=shard_bytes,
                            dtype=rank.spec.dtype, threads=writer_threads)
     return {"shards": records, "aux_files": aux}

@@ -191,6 +191,8 @@ class MegatronRank:
             ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
             dp_rank=ps.get_data_parallel_rank(), expert_dp_rank=ps.get_expert_data_parallel_rank(),
             layer_map={i: layer.layer_number - 1 for i, layer in enumerate(layers)},
+            dp_size=ps.get_data_parallel_world_size(),
+            expert_dp_size=ps.get_expert_data_parallel_world_size() if self.config.num_moe_experts else 1,
         )
 
     # ---- forward passes -----------------------------------------------------------------------

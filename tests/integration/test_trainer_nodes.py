@@ -1,0 +1,177 @@
+"""A trainer spanning two nodes (placement.trainer_nodes 2) on a simulated Ray cluster (scripts/sim_cluster.py:
+Ray's own multi-node test cluster, a raylet per node, each node with its own publish root): each node publishes
+what its ranks own, the engine's node pulls every tensor from the node holding it, and the run learns exactly as
+its one-node twin on the session's cluster. A node agent killed mid-run fails the sync by name, and the restarted
+run still ends as the twin."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.run_helpers import ROOT, TIDE, tide
+
+pytestmark = pytest.mark.slow
+
+# what the layout may change (where bytes went, and how fast), and the count of restarts a fault took
+NOT_LEARNING = ("transfer_", "publish_bytes_", "restarts")
+
+
+@pytest.fixture(scope="module")
+def sim_cluster():
+    """A head and two worker nodes on this machine; yields {"address", "roots": the worker nodes' publish
+    roots}."""
+    proc = subprocess.Popen([sys.executable, "scripts/sim_cluster.py", "--nodes", "2", "--serve"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, "scripts/sim_cluster.py exited before serving"
+        yield json.loads(line)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=120)
+
+
+def _config(tmp: Path, address: str, name: str, **parallel) -> Path:
+    cfg = yaml.safe_load((ROOT / "configs" / "two_trainer_nodes.yaml").read_text())
+    tag = f"{os.getpid()}-{name}"
+    cfg.update(name="two_trainer_nodes", iterations=3, save_every=1, ray={"address": address})
+    cfg["trainer"]["parallel"] = {"tp": 1, "pp": 2, "ep": 1, **parallel}
+    cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-{tag}"
+    cfg["transfer"].update(rollout_shm_root=f"/dev/shm/tide-test-rollout-{tag}",
+                           registry_name=f"tide_test_registry_{tag}")
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class ShardWatch:
+    """Polls publish roots while a run goes on, recording each root's shard files per iteration directory."""
+
+    def __init__(self, roots: list[str]) -> None:
+        self.roots, self.seen = roots, {root: {} for root in roots}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.05):
+            for root in self.roots:
+                for shard in Path(root).glob("*/*/*.safetensors"):
+                    self.seen[root].setdefault(shard.parent.name, set()).add(shard.name)
+
+    def stop(self) -> dict[str, dict[str, set[str]]]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
+def _learning(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(NOT_LEARNING)} for r in rows]
+
+
+def _assert_learns_as(run_dir: Path, twin: Path) -> None:
+    assert _learning(run_dir) == _learning(twin)
+    assert (run_dir / "samples.jsonl").read_text() == (twin / "samples.jsonl").read_text()
+    digests = [json.loads((d / "final.json").read_text())["parameter_digests"] for d in (run_dir, twin)]
+    assert digests[0] == digests[1]
+
+
+def _twin(tmp: Path, address: str, name: str, **parallel) -> Path:
+    """The same run with every rank on one node, on the session's (one-node) cluster."""
+    run_dir = tmp / f"{name}-one-node"
+    proc = tide("run", _config(tmp, address, name, **parallel), "--run-dir", run_dir, "placement.trainer_nodes=1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
+
+
+def _check_parts(seen: dict[str, dict[str, set[str]]], stage_tag: str) -> None:
+    """Every iteration's shards came from two nodes, by the ranks' part (`stage_tag` + node index in their
+    names), and no node ever held all of an iteration's."""
+    iterations = {it for by_it in seen.values() for it in by_it}
+    assert len(iterations) >= 3, seen  # the warm start's publish and the run's
+    for it in iterations:
+        held = {root: by_it[it] for root, by_it in seen.items() if by_it.get(it)}
+        every = set().union(*held.values())
+        assert len(held) == 2, (it, held)
+        for files in held.values():
+            assert files != every
+            assert len({f.split(stage_tag)[1][:2] for f in files}) == 1, files  # one part per node
+        assert {f.split(stage_tag)[1][:2] for f in every} == {"00", "01"}
+
+
+def test_pipeline_stages_on_two_nodes_publish_apart_and_learn_as_one_node(sim_cluster, address, tmp_path):
+    run_dir = tmp_path / "two-nodes"
+    cfg = _config(tmp_path, sim_cluster["address"], "pp2")
+    head_root = yaml.safe_load(cfg.read_text())["publish"]["shm_root"]
+    watch = ShardWatch([head_root, *sim_cluster["roots"]])
+    proc = tide("run", cfg, "--run-dir", run_dir)
+    seen = watch.stop()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _check_parts(seen, "-pp")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:  # both nodes published, about half each (stage 0 holds the embeddings, 1 the head)
+        a, b = m["publish_bytes_node0"], m["publish_bytes_node1"]
+        assert a > 0 and b > 0 and 0.3 < a / (a + b) < 0.7, m
+    for root in [head_root, *sim_cluster["roots"]]:  # nothing left in any node's shared memory
+        assert not Path(root).exists() or not any(Path(root).iterdir()), root
+    _assert_learns_as(run_dir, _twin(tmp_path, address, "pp2"))
+
+
+def _agent_pid(root: str) -> int:
+    """The pid of the node agent serving publish root `root` (its Ray worker process's environment names it)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline.startswith(b"ray::_RayNodeAgent") and f"TIDE_SHM_ROOT={root}".encode() in environ:
+            return int(entry.name)
+    raise LookupError(f"no node agent serves {root}")
+
+
+def test_data_parallel_replicas_split_the_publish_and_a_killed_node_agent_restarts_the_run(
+        sim_cluster, address, tmp_path):
+    """A data-parallel replica per node, each writing half of the checkpoint. The agent serving a worker node's
+    part SIGKILLed while iteration 2 trains: its publish fails naming the node (NodeAgentLostError; a pull from a
+    source killed mid-transfer names node and shard: tests/ckpt_transfer/test_transport.py), no engine loads
+    anything of it, `--max-restarts` restarts the run from its newest checkpoint, and the run ends exactly as the
+    uninterrupted one-node twin."""
+    run_dir = tmp_path / "two-nodes"
+    cfg = _config(tmp_path, sim_cluster["address"], "dp2", pp=1, dp=2)
+    head_root = yaml.safe_load(cfg.read_text())["publish"]["shm_root"]
+    watch = ShardWatch([head_root, *sim_cluster["roots"]])
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen([*TIDE, "run", str(cfg), "--run-dir", str(run_dir), "--max-restarts", "1",
+                                 "--restart-backoff", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline, killed = time.monotonic() + 600, None
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
+        if (status.get("iteration"), status.get("phase")) == (2, "train"):
+            holders = [r for r in sim_cluster["roots"] if any(Path(r).glob("*/*/*.safetensors"))]
+            assert holders, seen_so_far(watch)
+            killed = holders[0]
+            os.kill(_agent_pid(killed), 9)
+        time.sleep(0.05)
+    assert killed is not None, "the run never reached iteration 2's train phase"
+    assert proc.wait(timeout=900) == 0, (tmp_path / "stderr").read_text()[-4000:]
+    seen = watch.stop()
+    _check_parts(seen, "-dp")
+    error = (run_dir / "error.log").read_text()
+    assert "NodeAgentLostError" in error and "node agent of node 'trainer" in error, error[-3000:]
+    _assert_learns_as(run_dir, _twin(tmp_path, address, "dp2", pp=1, dp=2))
+
+
+def seen_so_far(watch: ShardWatch) -> dict:
+    return {root: sorted(by_it) for root, by_it in watch.seen.items()}
