@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.integration.run_helpers import ROOT, TIDE, tide
@@ -83,6 +84,17 @@ def _assert_learns_as(run_dir: Path, twin: Path) -> None:
     assert (run_dir / "samples.jsonl").read_text() == (twin / "samples.jsonl").read_text()
     digests = [json.loads((d / "final.json").read_text())["parameter_digests"] for d in (run_dir, twin)]
     assert digests[0] == digests[1]
+    # the weights the engines served last (RUN_DIR/hf, exported from an engine node's whole copy): bit for bit
+    # the one-node publish
+    served = [_tensors(d / "hf") for d in (run_dir, twin)]
+    assert served[0].keys() == served[1].keys() and len(served[0]) > 10
+    assert all(torch.equal(served[0][name], served[1][name]) for name in served[0])
+
+
+def _tensors(directory: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {name: t for f in sorted(directory.glob("*.safetensors")) for name, t in load_file(f).items()}
 
 
 def _twin(tmp: Path, address: str, name: str, **parallel) -> Path:
