@@ -26,7 +26,13 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
    (peak memory: torch.cuda.max_memory_allocated over the step; tokens/s; `long_<L>_trains`: a finite loss), and
    its logits on a 2k-position prefix match transformers' in bf16 (`long_logits_bf16`, the bound of
    `logits_bf16`). `--no-long` skips it.
-3. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
+3. Offload (scripts/gpu_check_offload.py, the hybrid deployment): per family of `--offload-families` (default qwen2,
+   qwen3_moe) a bf16 rank steps, publishes and offloads: no parameter, gradient or optimizer storage left on the
+   device and torch.cuda.memory_allocated() near zero (`offload_frees_memory`), a vLLM engine in another process
+   serving on the same GPU meanwhile where vLLM is installed (`engine_beside_offloaded`), and the step after onload
+   identical to a rank's without the round trip (`offload_round_trip_exact`); offload/onload GB/s. `--no-offload`
+   skips it.
+4. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
    (SAC): compile time, then env steps per second over the timed chunks (after one untimed chunk), and finite
    metrics.
 
@@ -540,6 +546,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-long", action="store_true", help="skip the long-sequence step")
     ap.add_argument("--long-families", default="qwen2,qwen3,llama3,qwen3_moe",
                     help="comma-separated families of the long-sequence step")
+    ap.add_argument("--no-offload", action="store_true", help="skip the offload step")
+    ap.add_argument("--offload-families", default="qwen2,qwen3_moe",
+                    help="comma-separated families of the offload step")
     ap.add_argument("--jax-num-envs", type=int, default=None,
                     help="parallel envs of both JAX runs (default: the configs' own, 4)")
     ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
@@ -584,7 +593,8 @@ def main(argv=None) -> int:
         known = families()
         args.families = known if args.families == "all" else args.families.split(",")
         args.long_families = args.long_families.split(",")
-        unknown = sorted((set(args.families) | set(args.long_families)) - set(known))
+        args.offload_families = args.offload_families.split(",")
+        unknown = sorted((set(args.families) | set(args.long_families) | set(args.offload_families)) - set(known))
         if unknown:
             print(f"unknown families {unknown}; known: {known}", file=sys.stderr)
             return 2
@@ -596,6 +606,10 @@ def main(argv=None) -> int:
                 from gpu_check_long import run_long
 
                 result["long"] = run_long(args, Path(work), checks, sys.modules[__name__])
+            if not args.no_offload:
+                from gpu_check_offload import run_offload
+
+                result["offload"] = run_offload(args, Path(work), checks, sys.modules[__name__])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if not args.no_jax:

@@ -112,6 +112,17 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         assert {f"{fam}/long_logits_bf16", *(f"{fam}/long_{n}_trains" for n in rec["lengths"])} <= {
             c["name"] for c in report["checks"] if c["ok"]}, fam
 
+    # the offload step (scripts/gpu_check_offload.py): nothing of the rank left in its memory, everything back
+    offload = report["offload"]
+    assert sorted(offload) == ["qwen2", "qwen3_moe"]
+    for fam, rec in offload.items():
+        assert rec["offload"]["bytes"] > 0 and rec["onload"]["bytes"] == rec["offload"]["bytes"], fam
+        assert rec["round_trip"]["losses"] == rec["round_trip"]["losses_without"], fam
+        assert rec["round_trip"]["digests_equal"], fam
+        assert rec["engine"] == {"skipped": "device cpu"}, fam  # vLLM's CPU build has no sleep mode
+        assert {f"{fam}/offload_frees_memory", f"{fam}/offload_round_trip_exact"} <= {
+            c["name"] for c in report["checks"] if c["ok"]}, fam
+
     jax = report["jax"]
     assert jax["backend"] == "cpu"
     for algo in ("ppo", "sac"):
@@ -129,7 +140,7 @@ def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_p
     a resumed rank that never loaded the checkpoint: the resume check fails; the script exits 1 and names both;
     what the faults do not touch still passes."""
     proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load",
-                        "--no-long")
+                        "--no-long", "--no-offload")
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert {"qwen2/logits_fp32", "qwen2/resume_exact"} <= set(report["failed"])
     assert not report["ok"]
