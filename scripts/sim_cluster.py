@@ -30,10 +30,11 @@ NODE_SHM_ROOT_ENV = "TIDE_SHM_ROOT"  # ckpt_transfer.config.NODE_SHM_ROOT_ENV (n
 
 
 @contextmanager
-def simulated_cluster(nodes: int, cpus_per_node: int = 1, head_cpus: int = 2,
-                      shm_base: str | None = None) -> Iterator[dict]:
+def simulated_cluster(nodes: int, cpus_per_node: int = 1, head_cpus: int = 2, shm_base: str | None = None,
+                      gpus_per_node: int = 0) -> Iterator[dict]:
     """Start a head and `nodes` worker nodes; yields {"address": the GCS address, "roots": the worker nodes'
-    publish roots}. Worker nodes offer `cpus_per_node` CPUs and a `tide_sim_node` resource each."""
+    publish roots}. Worker nodes offer `cpus_per_node` CPUs, `gpus_per_node` GPUs (declared, none real: for
+    placement checks; nothing on CPU asks for one) and a `tide_sim_node` resource each."""
     from ray.cluster_utils import Cluster
 
     base = Path(shm_base or f"/dev/shm/tide-sim-{os.getpid()}")
@@ -44,7 +45,7 @@ def simulated_cluster(nodes: int, cpus_per_node: int = 1, head_cpus: int = 2,
                       head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "_system_config": system})
     try:
         for root in roots:
-            cluster.add_node(num_cpus=cpus_per_node, resources={"tide_sim_node": 1},
+            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, resources={"tide_sim_node": 1},
                              env_vars={NODE_SHM_ROOT_ENV: root})
         yield {"address": cluster.address, "roots": roots}
     finally:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2, help="worker nodes beside the head")
     ap.add_argument("--cpus-per-node", type=int, default=1)
     ap.add_argument("--head-cpus", type=int, default=2)
+    ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs each worker node declares (none real)")
     ap.add_argument("--shm-base", default=None, help="where worker nodes' publish roots go (default "
                     "/dev/shm/tide-sim-<pid>)")
     ap.add_argument("--serve", action="store_true", help="print the address and hold the cluster until stdin closes")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not a.serve and not command:
         ap.error("give a command after --, or --serve")
-    with simulated_cluster(a.nodes, a.cpus_per_node, a.head_cpus, a.shm_base) as cluster:
+    with simulated_cluster(a.nodes, a.cpus_per_node, a.head_cpus, a.shm_base, a.gpus_per_node) as cluster:
         if a.serve:
             print(json.dumps({**cluster, "pid": os.getpid()}), flush=True)
             sys.stdin.read()

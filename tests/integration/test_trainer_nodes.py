@@ -27,9 +27,10 @@ NOT_LEARNING = ("transfer_", "publish_bytes_", "restarts")
 
 @pytest.fixture(scope="module")
 def sim_cluster():
-    """A head and two worker nodes on this machine; yields {"address", "roots": the worker nodes' publish
-    roots}."""
-    proc = subprocess.Popen([sys.executable, "scripts/sim_cluster.py", "--nodes", "2", "--serve"], cwd=ROOT,
+    """A head and two worker nodes on this machine (two GPUs declared on each, none real: nothing on CPU asks for
+    one); yields {"address", "roots": the worker nodes' publish roots}."""
+    proc = subprocess.Popen([sys.executable, "scripts/sim_cluster.py", "--nodes", "2", "--gpus-per-node", "2",
+                             "--serve"], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -187,3 +188,30 @@ def test_data_parallel_replicas_split_the_publish_and_a_killed_node_agent_restar
 
 def seen_so_far(watch: ShardWatch) -> dict:
     return {root: sorted(by_it) for root, by_it in watch.seen.items()}
+
+
+GPU_PLACEMENT = """
+import json, sys, ray
+from orchestrator.workers.placement import Placement
+from rollout.config import RolloutConfig
+from trainer.config import ParallelConfig, TrainerConfig
+ray.init(address=sys.argv[1], namespace="placement-check")
+trainer = TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=2, pp=2))
+p = Placement.reserve(trainer, RolloutConfig(), trainer_nodes=2)
+where = ray.remote(lambda: (ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()))
+at = ray.get([where.options(num_gpus=1, num_cpus=0, **p.trainer_rank(i)).remote() for i in range(4)], timeout=120)
+print(json.dumps({"at": at, "agents": len(p.agents(1, sorted({n for n, _ in at})).sources)}))
+"""
+
+
+def test_gpu_ranks_spread_a_node_per_bundle(sim_cluster):
+    """On GPUs a trainer of 4 ranks over 2 nodes takes a bundle of 2 GPUs on each of two distinct nodes, ranks 0-1
+    on one and 2-3 on the other, each its own GPU, and a node agent is placed on each."""
+    proc = subprocess.run([sys.executable, "-c", GPU_PLACEMENT, sim_cluster["address"]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    nodes = [node for node, _ in out["at"]]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert all(len(gpus) == 1 for _, gpus in out["at"])
+    assert len({(node, gpus[0]) for node, gpus in out["at"]}) == 4 and out["agents"] == 2
