@@ -38,3 +38,60 @@ def test_a_handover_with_overlapping_phases_or_nothing_to_make_room_for_is_refus
         check_handover(_cfg(trainer={"device": "cuda", "backend": "nccl"},
                             rollout={"device": "cuda", "sleep_level": 1}, placement={"mode": "disaggregated"}))
     check_handover(_cfg(trainer={"offload_between_phases": True}))
+
+
+class _Recorder:
+    """A session's trainer, engines and run directory, recording what the handover asks of them in order."""
+
+    def __init__(self, cfg):
+        self.cfg, self.calls, self.trainer, self.rollout, self.run = cfg, [], self, self, self
+
+    def offload(self):
+        self.calls.append("trainer.offload")
+        return {"offload_bytes": 10, "released_bytes": 14, "offload_s": 0.1}
+
+    def onload(self):
+        self.calls.append("trainer.onload")
+        return {"onload_bytes": 10, "onload_s": 0.1}
+
+    def sleep(self, level):
+        self.calls.append(f"engines.sleep({level})")
+
+    def wake_up(self):
+        self.calls.append("engines.wake_up")
+
+    def phase(self, iteration, name):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def timed():
+            rec = {}
+            yield rec
+            self.calls.append((iteration, name, rec["bytes"], sorted(rec["parts"])))
+
+        return timed()
+
+
+def test_the_engines_sleep_before_the_trainer_takes_its_memory_back_and_wake_after_it_gave_it():
+    from orchestrator.iteration.colocation import Handover
+
+    s = _Recorder(_cfg(trainer={"device": "cuda", "backend": "nccl", "offload_between_phases": True},
+                       rollout={"device": "cuda", "sleep_level": 2}, placement={"mode": "disaggregated"}))
+    devices = Handover(s)
+    devices.to_trainer(1)  # the trainer holds its memory at the start: nothing to do
+    devices.to_engines(1)
+    devices.to_engines(1)  # twice: once
+    with devices.trainer_turn(1):
+        s.calls.append("checkpoint")
+    with devices.beside_engines(1, needed=False):
+        s.calls.append("no probe")
+    with devices.beside_engines(1, needed=True):
+        s.calls.append("probe")
+    assert s.calls == [
+        "trainer.offload", "engines.wake_up", (1, "offload", 10, ["engine_wake", "trainer"]),
+        "engines.sleep(2)", "trainer.onload", (1, "onload", 10, ["engine_sleep", "trainer"]),
+        "checkpoint",
+        "trainer.offload", "engines.wake_up", (1, "offload", 10, ["engine_wake", "trainer"]),
+        "no probe",
+        "trainer.onload", (1, "onload", 10, ["trainer"]), "probe", "trainer.offload", (1, "offload", 10, ["trainer"]),
+    ]
