@@ -221,17 +221,20 @@ def plan(config: Path = typer.Argument(..., help="YAML config"),
          prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="the longest prompt; "
                                                      "default: rollout.max_prompt_tokens, else the longest of the "
                                                      "task's prompts rendered"),
+         shm_gb: Optional[float] = typer.Option(None, "--shm-gb", min=0.001, help="a trainer node's shared memory "
+                                                "(/dev/shm); with placement.trainer_nodes > 1, whether each node's "
+                                                "share of the published checkpoint fits it"),
          as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> None:
     """Whether the config's trainer ranks and engines fit in memory, and the smallest change that makes them fit:
     per trainer rank weights, gradients, optimizer state, activations at the longest sample (with and without
-    recompute), logits and log-prob chunk; per engine weights and KV cache (docs/training.md, "Memory planner").
-    Nothing is run. Exit 1 when it does not fit."""
+    recompute), logits and log-prob chunk; per engine weights and KV cache (docs/training.md, "Memory planner");
+    with placement.trainer_nodes > 1 each node's ranks and its share of the published checkpoint. Nothing is run. Exit 1 when it does not fit."""
     from orchestrator.run.plan import plan as make_plan, render
 
     cfg = _load(config, overrides)
     if cfg.engine != "megatron":
         _fail("tide plan: the megatron engine's runs only (the JAX engine trains no LLM)", 2)
-    result = make_plan(cfg, gpus_per_node, gpu_memory_gb, host_memory_gb, prompt_tokens)
+    result = make_plan(cfg, gpus_per_node, gpu_memory_gb, host_memory_gb, prompt_tokens, shm_gb)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

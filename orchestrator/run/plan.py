@@ -1,7 +1,9 @@
 """`tide plan CONFIG`: whether a config's trainer ranks and engines fit the memory they get, from the model's
 shape and the config alone (nothing is run): per trainer rank trainer/memory_plan.py's figures, per engine
 rollout/memory_plan.py's, against a GPU's memory on cuda or the host's RAM on cpu (where every rank, engine and the
-driver share one node), and when something does not fit, the smallest change of the config that makes it fit."""
+driver share one node), and when something does not fit, the smallest change of the config that makes it fit.
+With placement.trainer_nodes > 1: each node's ranks and its share of the published checkpoint (trainer/node_plan.py)
+against its shared memory (--shm-gb)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +15,7 @@ from pydantic import BaseModel
 from orchestrator.config.schema import TideConfig
 from rollout.memory_plan import EngineMemory, engine_memory
 from trainer.memory_plan import DTYPE_BYTES, GiB, ModelShape, RankMemory, TrainerLayout, rank_memory, with_changes
+from trainer.node_plan import NodeShare, checkpoint_bytes, node_shares, shm_needed
 
 # The `tide run` driver process on cpu (Ray's client, the tokenizer, the batches): its VmHWM in the quickstart,
 # measured 2026-12-06 (scripts/validate_plan.py)
@@ -35,6 +38,18 @@ class Change(BaseModel):
     fits: bool
 
 
+class NodeReport(BaseModel):
+    node: int
+    ranks: list[dict[str, int]]  # each rank's {rank, tp, ep, dp, pp}
+    stages: list[int]
+    expert_ranks: list[int]
+    replicas: list[int]  # trainer.parallel.dp replicas
+    published_bytes: int  # written into the node's shared memory per iteration
+    published_gb: float
+    shm_needed_gb: float  # publish.keep_last + 1 iterations of it
+    shm_fits: bool | None  # None: no --shm-gb given
+
+
 class Plan(BaseModel):
     model: dict[str, int | bool]
     parameters: int
@@ -50,6 +65,10 @@ class Plan(BaseModel):
     engine_sequences_cached: int
     node_total_gb: float | None  # cpu: every process of the run on the host
     gpus: int | None  # cuda: trainer GPUs + engine GPUs
+    trainer_nodes: int
+    checkpoint_bytes: int  # the published Hugging Face checkpoint, one iteration
+    checkpoint_gb: float
+    nodes: list[NodeReport] | None  # placement.trainer_nodes > 1
     fits: bool
     problems: list[str]
     changes: list[Change]
@@ -145,7 +164,7 @@ def _host_bytes() -> int:
 
 
 def plan(cfg: TideConfig, gpus_per_node: int = 8, gpu_memory_gb: float = 80.0, host_memory_gb: float | None = None,
-         given_prompt_tokens: int | None = None) -> Plan:
+         given_prompt_tokens: int | None = None, shm_gb: float | None = None) -> Plan:
     shape, model_dir = model_shape(cfg)
     t, r = cfg.trainer, cfg.rollout
     prompt, source = prompt_tokens(cfg, model_dir, given_prompt_tokens)
@@ -175,9 +194,22 @@ def plan(cfg: TideConfig, gpus_per_node: int = 8, gpu_memory_gb: float = 80.0, h
                         f"{gb(engine.kv_needed)} GiB of KV cache, it has {gb(engine.kv_cache)} GiB: vLLM preempts "
                         f"and recomputes ({engine.sequences_cached} fit at once)")
     gpus = ranks + r.engines * r.tp if cuda or r.device == "cuda" else None
-    if cuda and ranks > gpus_per_node:
-        problems.append(f"{ranks} trainer ranks on one node (placement STRICT_PACK) with {gpus_per_node} GPUs")
-    changes = _changes(cfg, shape, layout, engine, prompt + completion, gpu, gpus_per_node, rank_fits,
+    trainer_nodes = cfg.placement.trainer_nodes
+    if cuda and ranks > gpus_per_node * trainer_nodes:
+        problems.append(f"{ranks // trainer_nodes} trainer ranks on each of placement.trainer_nodes {trainer_nodes} "
+                        f"node(s) with {gpus_per_node} GPUs")
+    nodes, published = None, checkpoint_bytes(shape, cfg.model.dtype)
+    if trainer_nodes > 1:
+        try:
+            shares = node_shares(shape, layout, trainer_nodes, cfg.model.dtype)
+        except ValueError as e:  # a tensor-parallel group across nodes
+            problems.append(str(e))
+            shares = []
+        nodes = [_node_report(share, cfg.publish.keep_last, shm_gb) for share in shares]
+        problems += [f"node {n.node} needs {n.shm_needed_gb} GiB of shared memory for its share of the checkpoint "
+                     f"(publish.keep_last + 1 iterations of {n.published_gb} GiB), it has {shm_gb} GiB"
+                     for n in nodes if n.shm_fits is False]
+    changes = _changes(cfg, shape, layout, engine, prompt + completion, gpu, gpus_per_node * trainer_nodes, rank_fits,
                        rank_short=not rank_fits(rank, engine)) if problems else []
     notes = [f"prompt tokens: {source}"]
     if not cuda and rank.baseline > 0.5 * rank.total:
@@ -190,8 +222,17 @@ def plan(cfg: TideConfig, gpus_per_node: int = 8, gpu_memory_gb: float = 80.0, h
                 activations_by_recompute_gb={k: gb(v) for k, v in rank.activations_by_recompute.items()},
                 engines=r.engines, engine=_engine_items(engine), engine_concurrency=engine.concurrency,
                 engine_sequences_cached=engine.sequences_cached,
-                node_total_gb=None if cuda else gb(node_total(rank, engine)), gpus=gpus, fits=not problems,
-                problems=problems, changes=changes, notes=notes)
+                node_total_gb=None if cuda else gb(node_total(rank, engine)), gpus=gpus,
+                trainer_nodes=trainer_nodes, checkpoint_bytes=published, checkpoint_gb=gb(published), nodes=nodes,
+                fits=not problems, problems=problems, changes=changes, notes=notes)
+
+
+def _node_report(share: NodeShare, keep_last: int, shm_gb: float | None) -> NodeReport:
+    needed = shm_needed(share.published, keep_last)
+    return NodeReport(node=share.node, ranks=[asdict(c) for c in share.ranks], stages=share.coordinates("pp"),
+                      expert_ranks=share.coordinates("ep"), replicas=share.coordinates("dp"),
+                      published_bytes=share.published, published_gb=gb(share.published), shm_needed_gb=gb(needed),
+                      shm_fits=None if shm_gb is None else needed <= shm_gb * GiB)
 
 
 def _rank_items(m: RankMemory) -> dict[str, float]:
@@ -207,7 +248,7 @@ def _engine_items(e: EngineMemory) -> dict[str, float]:
 
 
 def _changes(cfg: TideConfig, shape: ModelShape, layout: TrainerLayout, engine: EngineMemory, seq_tokens: int,
-             gpu: int | None, gpus_per_node: int, rank_fits, rank_short: bool) -> list[Change]:
+             gpu: int | None, trainer_gpus: int, rank_fits, rank_short: bool) -> list[Change]:
     """Where a rank does not fit: single changes, cheapest first (those that cost compute before those that cost
     GPUs), each one's figures and whether it alone makes the rank fit, then, where none does, the first ones
     together up to the one that does. Where the engines' KV cache is short: the engines or the concurrency that
@@ -227,7 +268,7 @@ def _changes(cfg: TideConfig, shape: ModelShape, layout: TrainerLayout, engine: 
         tries.append(("trainer.distributed_optimizer=true", {"distributed_optimizer": True}))
     tp = layout.tp * 2
     if (shape.heads % tp == 0 and shape.kv_heads % tp in (0, tp) and shape.vocab % tp == 0
-            and (layout.device == "cpu" or layout.dp * tp * layout.pp * layout.ep <= gpus_per_node)):
+            and (layout.device == "cpu" or layout.dp * tp * layout.pp * layout.ep <= trainer_gpus)):
         tries.append((f"trainer.parallel.tp={tp}", {"tp": tp}))
     if layout.rows > 1:  # the most rows that fit (halving), or one
         rows = layout.rows // 2
@@ -288,6 +329,8 @@ def render(p: Plan) -> None:
         console.print(f"the run on this host: {p.node_total_gb} GiB (ranks, engines and the driver)")
     if p.gpus is not None:
         console.print(f"GPUs: {p.gpus} (trainer {p.ranks}, engines {p.gpus - p.ranks})")
+    if p.nodes:
+        console.print(_node_table(p))
     for note in p.notes:
         console.print(f"[dim]{note}[/dim]")
     if p.fits:
@@ -301,6 +344,29 @@ def render(p: Plan) -> None:
     for c in p.changes:
         changes.add_row(c.setting, _cell(c.rank_gb), _cell(c.engine_gb), "yes" if c.fits else "no")
     console.print(changes)
+
+
+def _node_table(p: Plan):
+    """Per trainer node: its ranks and their coordinates, its share of the published checkpoint and the shared
+    memory that share needs."""
+    from rich.table import Table
+
+    table = Table(title=f"trainer nodes (x{p.trainer_nodes}): ranks by pipeline stage, data-parallel replica and "
+                  f"expert rank; each node's share of the published checkpoint ({p.checkpoint_gb} GiB) and the "
+                  f"shared memory it needs (publish.keep_last + 1 iterations)")
+    for col in ("node", "ranks", "pp", "dp", "ep", "published GiB", "shm GiB", "fits shm"):
+        table.add_column(col, justify="right")
+    for n in p.nodes or []:
+        ranks = f"{n.ranks[0]['rank']}-{n.ranks[-1]['rank']}" if n.ranks else ""
+        table.add_row(str(n.node), ranks, _span(n.stages), _span(n.replicas), _span(n.expert_ranks),
+                      f"{n.published_gb:.3f}", f"{n.shm_needed_gb:.3f}",
+                      "" if n.shm_fits is None else "yes" if n.shm_fits else "no")
+    return table
+
+
+def _span(values: list[int]) -> str:
+    return f"{values[0]}-{values[-1]}" if len(values) > 1 and values == list(range(values[0], values[-1] + 1)) \
+        else ",".join(map(str, values))
 
 
 def _cell(v: float | None) -> str:

@@ -43,3 +43,27 @@ def test_a_layout_that_does_not_fit_gets_changes():
     assert not changes["trainer.attention=sdpa"]["fits"] and changes["trainer.attention=sdpa"]["rank_gb"] < \
         p["rank"]["total"]
     assert any(c["fits"] for c in p["changes"])
+
+
+def test_a_trainer_spanning_nodes_is_reported_per_node():
+    """placement.trainer_nodes 2 with a pipeline stage per node: each node's ranks and coordinates, its share of
+    the published checkpoint (the shares sum to it, neither holds it whole) and whether --shm-gb holds the kept
+    iterations."""
+    spread = ("configs/quickstart.yaml", "trainer.parallel.pp=2", "trainer.parallel.dp=2",
+              "placement.trainer_nodes=2", "transfer.enabled=true", "model.tiny.hidden_size=256",
+              "model.tiny.intermediate_size=1024", "--json")
+    proc = _plan(*spread, "--shm-gb", "1")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["trainer_nodes"] == 2 and [n["stages"] for n in p["nodes"]] == [[0], [1]]
+    assert [[r["rank"] for r in n["ranks"]] for n in p["nodes"]] == [[0, 1], [2, 3]]
+    assert [n["replicas"] for n in p["nodes"]] == [[0, 1], [0, 1]]
+    shares = [n["published_bytes"] for n in p["nodes"]]
+    assert sum(shares) == p["checkpoint_bytes"] == p["parameters"] * 4 and all(0 < s < p["checkpoint_bytes"]
+                                                                             for s in shares)
+    assert all(n["shm_fits"] for n in p["nodes"])
+    proc = _plan(*spread, "--shm-gb", "0.005")  # 5 MiB: not 3 copies (publish.keep_last 2 + 1) of ~4 MB
+    assert proc.returncode == 1
+    p = json.loads(proc.stdout)
+    assert [n["shm_fits"] for n in p["nodes"]] == [False, False]
+    assert p["problems"][0].startswith("node 0 needs") and "shared memory" in p["problems"][0]
