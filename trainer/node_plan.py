@@ -12,10 +12,11 @@ tensor-parallel shards, one per tp rank). A tensor's candidate nodes are those h
 stage (layers split evenly over stages, the embedding on the first, the final norm and output layer on the last;
 tied embeddings only on the first), and for a routed expert its expert-parallel rank (experts split evenly over ep
 ranks, as Megatron shards them). Where several nodes hold a copy (data-parallel replicas, or the dense weights
-replicated over the ep ranks), writing is split between them balanced by bytes: here greedily, largest unit first
-to the least-loaded candidate (Graham's LPT rule, within 4/3 of the best split; Graham 1969, "Bounds on
-multiprocessing timing anomalies"), units being a layer's attention, its norms, its dense MLP or router + shared
-expert, and each routed expert."""
+replicated over the ep ranks), writing is split between them balanced by bytes. The publish does that per HF
+tensor over the replicas (ckpt_transfer/convert/common.py, replica_share: Graham's LPT rule, largest first to the
+least loaded, within 4/3 of the best split; Graham 1969, "Bounds on multiprocessing timing anomalies"); the plan
+applies the same rule over the candidate nodes to coarser units (a layer's attention, its norms, its dense MLP or
+router + shared expert, each routed expert), so a node's figure may differ from the run's by about one unit."""
 from __future__ import annotations
 
 import math

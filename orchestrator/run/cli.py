@@ -228,7 +228,8 @@ def plan(config: Path = typer.Argument(..., help="YAML config"),
     """Whether the config's trainer ranks and engines fit in memory, and the smallest change that makes them fit:
     per trainer rank weights, gradients, optimizer state, activations at the longest sample (with and without
     recompute), logits and log-prob chunk; per engine weights and KV cache (docs/training.md, "Memory planner");
-    with placement.trainer_nodes > 1 each node's ranks and its share of the published checkpoint. Nothing is run. Exit 1 when it does not fit."""
+    with placement.trainer_nodes > 1 each node's ranks and its share of the published checkpoint. Nothing is run.
+    Exit 1 when it does not fit."""
     from orchestrator.run.plan import plan as make_plan, render
 
     cfg = _load(config, overrides)

@@ -3,6 +3,8 @@ scripts/sim_cluster.py here): wait until the expected nodes have joined, check t
 GPUs the config's layout reserves, then replace this process with `tide run CONFIG ray.address=ADDRESS`.
 
     python -m orchestrator.run.launch --address auto --nodes 3 CONFIG [key.path=value ...] [--run-dir DIR]
+    python scripts/sim_cluster.py --nodes 2 -- python -m orchestrator.run.launch CONFIG --nodes 3
+        (the simulated cluster here: it appends ray.address=<its address>, which the launcher connects to)
 
 The check mirrors orchestrator/workers/placement.py's reservations, on the cluster's total resources: a trainer on
 placement.trainer_nodes > 1 nodes takes world / trainer_nodes GPUs on each of that many distinct nodes (a CPU on
@@ -105,24 +107,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.run.launch", description=__doc__.split("\n\n")[0])
     ap.add_argument("config", type=Path)
     ap.add_argument("overrides", nargs="*", help="key.path=value settings, as `tide run` takes them")
-    ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
-                    help="the Ray cluster: host:port of its GCS, or `auto` on a node of it (default: $RAY_ADDRESS, "
-                    "else auto)")
+    ap.add_argument("--address", default=None, help="the Ray cluster: host:port of its GCS, or `auto` on a node "
+                    "of it (default: a ray.address=... override, else $RAY_ADDRESS, else auto)")
     ap.add_argument("--nodes", type=int, default=None, help="wait until this many nodes have joined")
     ap.add_argument("--wait-s", type=float, default=300.0, help="how long to wait for them (default 300)")
     ap.add_argument("--run-dir", default=None)
     ap.add_argument("--max-restarts", type=int, default=0)
     ap.add_argument("--check-only", action="store_true", help="check the cluster and exit")
-    a = ap.parse_args(argv)
-    overrides = [*a.overrides, f"ray.address={a.address}"]
+    a = ap.parse_intermixed_args(argv)
     try:
-        cfg = load_config(a.config, parse_overrides(overrides))
+        given = parse_overrides(a.overrides)
+        address = a.address or given.pop("ray.address", None) or os.environ.get("RAY_ADDRESS") or "auto"
+        overrides = [o for o in a.overrides if not o.startswith("ray.address=")]
+        cfg = load_config(a.config, {**given, "ray.address": address})
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
     import ray
 
-    ray.init(address=a.address, namespace=cfg.ray.namespace, log_to_driver=False)
+    ray.init(address=address, namespace=cfg.ray.namespace, log_to_driver=False)
     try:
         nodes = wait_for_nodes(a.nodes, a.wait_s) if a.nodes else cluster_nodes()
         problems = check_layout(cfg, nodes)
@@ -131,13 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     for problem in problems:
-        print(f"the Ray cluster at {a.address} cannot hold {a.config.name}: {problem}", file=sys.stderr)
+        print(f"the Ray cluster at {address} cannot hold {a.config.name}: {problem}", file=sys.stderr)
     if problems:
         return 2
     print(f"{len(nodes)} node(s) hold the layout: {_listed(nodes)}", file=sys.stderr)
     if a.check_only:
         return 0
-    run = tide_run_argv(a.config, a.overrides, a.address, a.run_dir, a.max_restarts)
+    run = tide_run_argv(a.config, overrides, address, a.run_dir, a.max_restarts)
     sys.stdout.flush()
     os.execv(run[0], run)  # tide run gets this process's signals (Slurm's, Kubernetes') and its exit status
     return 0  # not reached

@@ -4,6 +4,7 @@ refused by name before `tide run` starts; one that fits passes. The launch scrip
 RayJob manifest's Kubernetes fields."""
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import subprocess
 import sys
@@ -97,20 +98,30 @@ def test_tide_run_gets_the_address_as_an_override():
                         "--run-dir", "runs/x", "--max-restarts", "2"]
 
 
-def test_the_launcher_exits_2_naming_the_missing_nodes():
-    """The command the recipes run, as a process of its own, against a started cluster of one node (Ray's test
-    cluster, as scripts/sim_cluster.py starts it) and a trainer of two nodes."""
-    from ray.cluster_utils import Cluster
+def _sim_cluster():
+    spec = importlib.util.spec_from_file_location("sim_cluster", ROOT / "scripts" / "sim_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.simulated_cluster(nodes=1)
 
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.run.launch", str(QUICKSTART), "trainer.parallel.dp=2",
-                               "placement.trainer_nodes=2", "transfer.enabled=true", "--address", cluster.address,
-                               "--nodes", "1", "--check-only"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    finally:
-        cluster.shutdown()
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "need 2 node(s) with 1 CPU each" in proc.stderr and "the cluster has 1 such node(s)" in proc.stderr
+
+def _launch(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.run.launch", str(QUICKSTART), *args,
+                           "transfer.enabled=true", "--nodes", "2", "--check-only", f"ray.address={address}"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_launcher_on_the_simulated_cluster():
+    """The command the recipes run, as a process of its own, on scripts/sim_cluster.py's cluster of two nodes (a
+    head and a worker), given its address as sim_cluster gives it (a ray.address override): a trainer on both
+    nodes passes, one on three exits 2 naming the nodes."""
+    with _sim_cluster() as cluster:
+        fits = _launch(cluster["address"], "trainer.parallel.dp=2", "placement.trainer_nodes=2")
+        short = _launch(cluster["address"], "trainer.parallel.dp=3", "placement.trainer_nodes=3")
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    assert "2 node(s) hold the layout" in fits.stderr
+    assert short.returncode == 2, short.stderr[-2000:]
+    assert "need 3 node(s) with 1 CPU each" in short.stderr and "the cluster has 2 such node(s) of 2" in short.stderr
 
 
 def test_the_sbatch_script_parses():
