@@ -154,10 +154,12 @@ class LoggingConfig(StrictModel):
 class PlacementConfig(StrictModel):
     mode: Literal["colocated", "disaggregated"] | None = Field(
         None, description="`colocated`: the engines and the trainer ranks take turns on the same CPU cores (each "
-        "phase gets them all); `disaggregated`: they get disjoint cores on CPU (placement.rollout_cpus for the "
-        "engines and the run's own sandbox service, the rest for the ranks), disjoint GPUs on cuda, so that a rollout "
-        "overlapping training (rollout.max_staleness 1) runs beside it instead of on its cores. null: colocated on "
-        "CPU, disaggregated where trainer or engines use GPUs (sharing a GPU between them is not built).")
+        "phase gets them all), the same GPUs on cuda (the hybrid deployment: engine k on the GPUs of trainer ranks "
+        "k x rollout.tp onwards, the ranks moving their memory to the host between phases: "
+        "trainer.offload_between_phases, rollout.sleep_level); `disaggregated`: they get disjoint cores on CPU "
+        "(placement.rollout_cpus for the engines and the run's own sandbox service, the rest for the ranks), disjoint "
+        "GPUs on cuda, so that a rollout overlapping training (rollout.max_staleness 1) runs beside it instead of on "
+        "its cores. null: colocated on CPU, disaggregated where trainer or engines use GPUs.")
     rollout_cpus: int | None = Field(None, ge=1, description="Disaggregated on CPU: how many of the host's cores "
                                      "the engines get (the first ones; the trainer ranks get the others); null: "
                                      "half of them.")
@@ -275,8 +277,17 @@ class TideConfig(StrictModel):
                                  f"own shared memory, and the engines' nodes pull it through the transfer engine: "
                                  f"set transfer.enabled true")
             if gpus and self.placement.mode == "colocated":
-                raise ValueError("placement.mode colocated: engines and trainer ranks sharing GPUs is not built; on "
-                                 "cuda they get their own GPUs (placement.mode disaggregated, the default there)")
+                if self.trainer.device != r.device:
+                    raise ValueError(f"placement.mode colocated: the engines share the trainer ranks' devices, but "
+                                     f"trainer.device is {self.trainer.device} and rollout.device {r.device}")
+                if r.engines * r.tp > world:
+                    raise ValueError(f"placement.mode colocated: {r.engines} engine(s) of rollout.tp {r.tp} need "
+                                     f"{r.engines * r.tp} GPUs, the trainer's ranks hold {world}: fewer engines, or "
+                                     f"placement.mode disaggregated")
+                if nodes > 1 and (world // nodes) % r.tp:
+                    raise ValueError(f"placement.mode colocated: an engine's rollout.tp {r.tp} GPUs must lie on one "
+                                     f"node, which holds {world // nodes} trainer ranks (placement.trainer_nodes "
+                                     f"{nodes})")
             if not gpus and self.placement.mode == "disaggregated" and "VLLM_CPU_OMP_THREADS_BIND" in r.extra_env:
                 raise ValueError("rollout.extra_env.VLLM_CPU_OMP_THREADS_BIND and placement.mode disaggregated both "
                                  "choose the engines' cores: remove one")

@@ -161,13 +161,19 @@ class Session:
             # up or restores), and then load its weights like any iteration's. A restart-mode run starts them
             # on the trainer's weights instead (a reload there would be a second start), and so does a run
             # whose engines get the weights through the transfer engine (their nodes need not see model_dir).
-            overlap = cfg.rollout.sync_mode == "reload" and not cfg.transfer.enabled
+            # Colocated on GPUs the engines start on the trainer ranks' GPUs, known once the ranks run.
+            overlap = cfg.rollout.sync_mode == "reload" and not cfg.transfer.enabled and not placement.shares_gpus
             early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
                                        placement=placement.trainer_rank, cpus=placement.trainer_cpus)
             ray_side.callback(trainer.shutdown)
+            if placement.shares_gpus:
+                try:
+                    placement.colocate(trainer.rank_nodes, trainer.gpu_ids(), cfg.rollout.engines)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
             weights = open_weight_sync(publish_key(cfg, run), cfg.publish, cfg.transfer, cfg.rollout.engines,
                                        trainer_nodes=trainer.nodes, namespace=cfg.ray.namespace,
                                        placement=placement.agents(cfg.rollout.engines, trainer.node_ids))

@@ -4,10 +4,12 @@ On GPUs two placement groups are reserved before anything starts: the trainer's 
 node (STRICT_PACK: the ranks publish into that node's shared memory, which its node agent serves), then one
 bundle of `rollout.tp` GPUs per engine (PACK: as few nodes as fit). Engine k and rollout node agent k (which
 pulls each iteration into that node's shared memory, where engine k loads it) are both scheduled into bundle
-k, so they share a node; a source agent runs on each trainer node. A trainer spanning nodes
+k, so they share a node; a source agent runs on each trainer node. Colocated on GPUs (the hybrid deployment) the
+engines get no GPUs of their own: engine k runs in rank k x rollout.tp's bundle and its vLLM sees the GPUs of
+ranks k x tp .. (k + 1) x tp - 1 (CUDA_VISIBLE_DEVICES; Ray gives the engine's actor none), which the trainer's
+ranks hand over between phases (orchestrator/iteration/colocation.py). A trainer spanning nodes
 (placement.trainer_nodes N) gets one bundle per node (STRICT_SPREAD: N distinct nodes) holding world / N
-consecutive ranks, on CPU too (a bundle of one CPU marks the node; the ranks ask for none). On GPUs engines and ranks never share a GPU
-(placement.mode disaggregated). On CPU (one machine, the embedded default) nothing is reserved: colocated, the
+consecutive ranks, on CPU too (a bundle of one CPU marks the node; the ranks ask for none). On CPU (one machine, the embedded default) nothing is reserved: colocated, the
 phases take turns on all the host's cores; disaggregated, the engines' compute threads are bound to the first
 placement.rollout_cpus cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; the run's own sandbox service with them, bound by
 the session) and the trainer ranks' processes to the others (`pin_threads`), so a rollout drawn ahead
@@ -36,6 +38,8 @@ class Placement:
     engine_cpus: tuple[int, ...] | None = None
     tp: int = 1  # each engine's TP workers: one OpenMP core group each
     ranks_per_node: int | None = None  # a trainer spanning nodes: consecutive ranks per bundle
+    shares_gpus: bool = False  # colocated on GPUs: engines on the trainer ranks' GPUs
+    rank_gpus: list[str] | None = None  # colocated on GPUs: each rank's GPU id on its node (`colocate`)
 
     @classmethod
     def reserve(cls, trainer: TrainerConfig, rollout: RolloutConfig, mode: Mode | None = None,
@@ -53,13 +57,14 @@ class Placement:
             placement.engine_cpus, placement.trainer_cpus = split_cpus(
                 sorted(os.sched_getaffinity(0)), rollout_cpus, rollout)
         try:
+            placement.shares_gpus = resolved_mode(mode, trainer, rollout) == "colocated" and rollout.device == "cuda"
             if trainer_nodes > 1:
                 placement.trainer, placement.ranks_per_node = spread_trainer(trainer, trainer_nodes)
             elif trainer.device == "cuda":
                 placement.trainer = _reserve([{"GPU": 1}] * trainer.parallel.world, "STRICT_PACK",
                                              f"{trainer.parallel.world} trainer ranks (trainer.parallel: dp x tp x "
                                              f"pp x ep) on one node")
-            if rollout.device == "cuda":
+            if rollout.device == "cuda" and not placement.shares_gpus:
                 placement.engines = _reserve([{"GPU": rollout.tp}] * rollout.engines, "PACK",
                                              f"{rollout.engines} rollout engine(s) of {rollout.tp} GPU(s) each "
                                              f"(rollout.engines x rollout.tp)")
@@ -79,20 +84,47 @@ class Placement:
         return _in_bundle(self.trainer, i if self.ranks_per_node is None else i // self.ranks_per_node)
 
     def engine(self, k: int) -> dict:
-        """Ray actor options that put an actor into engine k's bundle."""
-        return _in_bundle(self.engines, k)
+        """Ray actor options that put an actor into engine k's bundle; colocated on GPUs, into the bundle of the
+        first trainer rank whose GPUs it shares, asking Ray for none and shown those (`colocate` first)."""
+        if not self.shares_gpus:
+            return _in_bundle(self.engines, k)
+        if self.rank_gpus is None:
+            raise RuntimeError("colocated on GPUs the engines are placed on the trainer ranks' GPUs: call "
+                               "Placement.colocate with them once the trainer has started")
+        first = k * self.tp
+        visible = ",".join(self.rank_gpus[first:first + self.tp])
+        return {**self.trainer_rank(first), "num_gpus": 0,
+                "runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": visible}}}
+
+    def colocate(self, rank_nodes: list[str], rank_gpus: list[list[str]], engines: int) -> None:
+        """Colocated on GPUs: record each trainer rank's GPU (its node, in rank order, and its one GPU id there) for
+        the engines to share: engine k the GPUs of ranks k x tp .. (k + 1) x tp - 1, which must be one node's."""
+        if not self.shares_gpus:
+            return
+        need = engines * self.tp
+        if need > len(rank_gpus):
+            raise ValueError(f"placement.mode colocated: {engines} engine(s) of rollout.tp {self.tp} need {need} "
+                             f"GPUs, the trainer's ranks hold {len(rank_gpus)}")
+        for k in range(engines):
+            ranks = range(k * self.tp, (k + 1) * self.tp)
+            if len({rank_nodes[i] for i in ranks}) > 1:
+                raise ValueError(f"placement.mode colocated: engine {k}'s GPUs (those of trainer ranks "
+                                 f"{ranks.start}-{ranks.stop - 1}) lie on several nodes; rollout.tp must divide the "
+                                 f"ranks per node")
+        self.rank_gpus = [gpus[0] for gpus in rank_gpus]
 
     def agents(self, engines: int, trainer_node_ids: list[str]) -> AgentPlacement:
         """The node agents: a source on each of the trainer's nodes (Ray node ids, in the trainer's node order),
         agent k in engine k's bundle (anywhere without one)."""
-        if self.engines is None and len(trainer_node_ids) == 1:
+        placed_engines = self.engines is not None or self.shares_gpus
+        if not placed_engines and len(trainer_node_ids) == 1:
             return AgentPlacement()  # one machine: wherever Ray puts them
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         sources = [{"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
                    for node_id in trainer_node_ids]
-        return AgentPlacement(sources=sources, sinks=[self.engine(k) for k in range(engines)]
-                              if self.engines is not None else [])
+        sinks = [self.trainer_rank(k * self.tp) if self.shares_gpus else self.engine(k) for k in range(engines)]
+        return AgentPlacement(sources=sources, sinks=sinks if placed_engines else [])
 
     def release(self) -> None:
         import ray

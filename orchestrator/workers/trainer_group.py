@@ -64,6 +64,10 @@ class _Rank:
         """(IP address, Ray node id) of this rank's node."""
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
+    def gpu_ids(self) -> list[str]:
+        """The GPUs Ray gave this rank, by their ids on its node (none on CPU)."""
+        return [str(g) for g in ray.get_gpu_ids()]
+
     def finalize_manifest(self, manifest: Manifest) -> Manifest:
         """Write the HF index and, last, the manifest into the publish directory on this rank's node (rank 0's,
         which holds the aux files); the manifest as written (its aux files gain the index)."""
@@ -176,6 +180,10 @@ class TrainerGroup:
         self.nodes = [names[n] for n in ids]
         self.node_ids = [n for n in ids]  # Ray node ids, in the order of self.nodes
         self.node, self.node_id = self.nodes[0], ids[0]
+
+    def gpu_ids(self) -> list[list[str]]:
+        """Per rank, the GPU ids Ray gave it on its node."""
+        return self._get([r.gpu_ids.remote() for r in self.ranks])
 
     def pids(self) -> list[int]:
         """The rank processes' pids, in rank order."""

@@ -248,9 +248,14 @@ def test_weights_in_flight_are_refused_where_they_cannot_be_taken():
 
 def test_placement_is_refused_where_it_cannot_be_made():
     cuda = {"trainer": {"device": "cuda", "backend": "nccl"}}
-    with pytest.raises(ConfigError, match="placement.mode colocated: engines and trainer ranks sharing GPUs is not "
-                                          "built"):
+    with pytest.raises(ConfigError, match="placement.mode colocated: the engines share the trainer ranks' devices, "
+                                          "but trainer.device is cuda and rollout.device cpu"):
         parse_config({**_base(), **cuda, "placement": {"mode": "colocated"}})
+    both = {**cuda, "rollout": {"device": "cuda", "engines": 3}}
+    with pytest.raises(ConfigError, match=r"3 engine\(s\) of rollout.tp 1 need 3 GPUs, the trainer's ranks hold 1"):
+        parse_config({**_base(), **both, "placement": {"mode": "colocated"}})
+    assert parse_config({**_base(), **cuda, "rollout": {"device": "cuda"},
+                         "placement": {"mode": "colocated"}}).placement.mode == "colocated"
     with pytest.raises(ConfigError, match="placement.rollout_cpus splits CPU cores"):
         parse_config({**_base(), **cuda, "placement": {"mode": "disaggregated", "rollout_cpus": 1}})
     with pytest.raises(ConfigError, match="placement.rollout_cpus splits the cores of placement.mode disaggregated"):

@@ -48,6 +48,47 @@ def test_gpu_bundles_hold_ranks_engines_and_their_agents(ray_cluster):
         p.release()
 
 
+def test_colocated_engines_share_the_trainer_ranks_gpus(ray_cluster):
+    """The hybrid deployment: no GPU reserved for the engines; engine k and its node agent run in the bundle of
+    trainer rank k x tp, asking Ray for no GPU, and its vLLM sees exactly the GPUs of ranks k x tp .. (k+1) x tp - 1;
+    an engine's GPUs on several nodes, or more engine GPUs than ranks, are refused by name."""
+    import os
+
+    import ray
+
+    class Where:
+        def where(self):
+            ctx = ray.get_runtime_context()
+            return ctx.get_node_id(), ray.get_gpu_ids(), ctx.get_placement_group_id(), \
+                os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    trainer = TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=4))
+    p = Placement.reserve(trainer, RolloutConfig(device="cuda", engines=2, tp=2), "colocated")
+    try:
+        assert p.shares_gpus and p.engines is None
+        actor = ray.remote(Where)
+        ranks = [actor.options(num_gpus=1, num_cpus=0, **p.trainer_rank(i)).remote() for i in range(4)]
+        rank_at = ray.get([r.where.remote() for r in ranks], timeout=60)
+        gpus = [[str(g) for g in ids] for _, ids, _, _ in rank_at]
+        with pytest.raises(RuntimeError, match="call Placement.colocate"):
+            p.engine(0)
+        with pytest.raises(ValueError, match=r"3 engine\(s\) of rollout.tp 2 need 6 GPUs, the trainer's ranks hold 4"):
+            p.colocate(["n"] * 4, gpus, engines=3)
+        with pytest.raises(ValueError, match="engine 1's GPUs .* lie on several nodes"):
+            p.colocate(["a", "a", "b", "c"], gpus, engines=2)
+        p.colocate(["a"] * 4, gpus, engines=2)
+        engines = [actor.options(num_cpus=0, **{k: v for k, v in p.engine(k).items()}).remote() for k in range(2)]
+        for k, (node, ids, pg, visible) in enumerate(ray.get([e.where.remote() for e in engines], timeout=60)):
+            assert ids == [] and pg == p.trainer.id.hex() and node == rank_at[2 * k][0]
+            assert visible == ",".join(gpus[2 * k] + gpus[2 * k + 1])
+        sinks = p.agents(2, [rank_at[0][0]]).sinks
+        assert [s["scheduling_strategy"].placement_group_bundle_index for s in sinks] == [0, 2]
+        for a in ranks + engines:
+            ray.kill(a)
+    finally:
+        p.release()
+
+
 def test_a_layout_the_cluster_cannot_hold_is_refused_by_name(ray_cluster, monkeypatch):
     monkeypatch.setattr(placement_module, "PLACEMENT_TIMEOUT_S", 2)
     with pytest.raises(RuntimeError, match=r"no room for 3 rollout engine\(s\) of 2 GPU\(s\) each .*free GPUs per "
