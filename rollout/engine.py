@@ -66,6 +66,7 @@ class RolloutEngine:
         self._iteration: int | None = None
         self._deaths = 0
         self._closed = False
+        self._parked = False  # stopped on purpose (park) until its next call
         self._scratch: Path | None = None  # a merged-TP directory we wrote for the current weights
         self._layout: dict = {}  # tensor names/dtypes/shapes of the weights being served
         self._slot: WeightSlot | None = None  # while a generate takes weights in flight (rollout/in_flight.py)
@@ -279,6 +280,14 @@ class RolloutEngine:
         with self._lock:
             self._call("sleep", lambda llm: llm.sleep(level=level))
 
+    def park(self) -> None:
+        """Stop the engine process, freeing all its memory, while the trainer holds the GPU (rollout.sync_mode
+        restart, the Kimi way): the next sync starts it on the new weights, any other call first on the weights it
+        served."""
+        with self._lock:
+            self._vllm.teardown()
+            self._parked = True
+
     def wake_up(self) -> None:
         """The engine's GPU memory back after `sleep` (with level 2, weights to be loaded by the sync that follows)."""
         with self._lock:
@@ -307,6 +316,9 @@ class RolloutEngine:
     def _call_on_engine_thread(self, what: str, fn: Callable[[Any], _T]) -> _T:
         if self._closed:
             raise EngineError("engine was shut down")
+        if self._parked:  # stopped on purpose: started again, not counted as a death
+            self._parked = False
+            self._vllm.start(self._checkpoint_dir)
         restarts, last_error = 0, None
         while True:
             if not self._vllm.alive():
@@ -377,6 +389,7 @@ class RolloutEngine:
 
     def _restart_on(self, path: Path, iteration: int) -> None:
         self._vllm.teardown()
+        self._parked = False
         self._sync_step(f"restart on iteration {iteration} from {path}", lambda: self._vllm.start(path))
 
     def _sync_step(self, what: str, step: Callable[[], None]) -> None:

@@ -2,9 +2,10 @@
 trainer ranks and engines take turns on the same GPUs. After each publish the trainer's ranks move their
 parameters, optimizer state and gradients to host memory (trainer/megatron/offload.py) and, with
 rollout.sleep_level, the engines wake for the sync and the next rollout; before the trainer's next pass the engines
-sleep and the ranks take their memory back, bit for bit. Each move is a phase of timings.jsonl (`offload`,
-`onload`, with the engines' part as `engine_wake` / `engine_sleep`). trainer.offload_between_phases turns it on
-off GPUs too (the CPU run of the suite); off, every call here does nothing."""
+sleep and the ranks take their memory back, bit for bit. With sync_mode restart (the Kimi way) the engines are
+stopped instead, and the sync starts them on the new weights. Each move is a phase of timings.jsonl (`offload`,
+`onload`, with the engines' part as `engine_wake`, `engine_sleep` or `engine_stop`). trainer.offload_between_phases
+turns it on off GPUs too (the CPU run of the suite); off, every call here does nothing."""
 from __future__ import annotations
 
 import time
@@ -49,10 +50,12 @@ class Handover:
         check_handover(s.cfg)
         self.s, self.on = s, offloads_between_phases(s.cfg)
         self.sleep_level = s.cfg.rollout.sleep_level
+        self.stops_engines = s.cfg.rollout.sync_mode == "restart"  # each sync starts them anew anyway
         self.engines_hold = False
 
     def to_engines(self, iteration: int) -> None:
-        """The trainer's memory out, the engines awake: after the publish, and before the run's first rollout."""
+        """The trainer's memory out, the engines awake: after the publish, and before the run's first rollout.
+        Stopped engines start at their next call (the sync, or a rollout after a checkpoint's turn)."""
         if not self.on or self.engines_hold:
             return
         with self.s.run.phase(iteration, "offload") as rec:
@@ -66,7 +69,7 @@ class Handover:
         self.engines_hold = True
 
     def to_trainer(self, iteration: int) -> None:
-        """The engines asleep, the trainer's memory back: before its first pass of an iteration."""
+        """The engines asleep (or stopped), the trainer's memory back: before its first pass of an iteration."""
         if not self.on or not self.engines_hold:
             return
         with self.s.run.phase(iteration, "onload") as rec:
@@ -75,6 +78,10 @@ class Handover:
                 start = time.perf_counter()
                 self.s.rollout.sleep(self.sleep_level)
                 parts["engine_sleep"] = time.perf_counter() - start
+            elif self.stops_engines:
+                start = time.perf_counter()
+                self.s.rollout.park()
+                parts["engine_stop"] = time.perf_counter() - start
             out = self.s.trainer.onload()
             rec["bytes"], rec["parts"] = out["onload_bytes"], parts | {"trainer": out["onload_s"]}
         self.engines_hold = False

@@ -111,6 +111,11 @@ class RolloutGroup:
         """Every engine asleep (rollout.sleep_level), its GPU memory free for the trainer on the same GPUs."""
         self._on_engines({i: lambda e: e.sleep.remote(level) for i in range(len(self.engines))})
 
+    def park(self) -> None:
+        """Every engine stopped, all its memory free for the trainer, until its next sync (a restart onto the new
+        weights) or call (rollout.sync_mode restart)."""
+        self._on_engines({i: lambda e: e.park.remote() for i in range(len(self.engines))})
+
     def wake_up(self) -> None:
         """Every engine awake again, for the sync and rollout that follow."""
         self._on_engines({i: lambda e: e.wake_up.remote() for i in range(len(self.engines))})

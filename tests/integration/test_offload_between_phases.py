@@ -1,7 +1,9 @@
 """trainer.offload_between_phases on CPU (the hybrid deployment's handover, orchestrator/iteration/colocation.py):
 a run whose trainer ranks release their parameters, gradients and optimizer state after every publish and take
 them back for each pass (the reference's log-probs, the train step, the probe, a checkpoint) ends exactly as the
-run that keeps them, with deterministic: true; its offload and onload phases are in timings.jsonl."""
+run that keeps them, with deterministic: true, also when its engines are stopped while the trainer holds its
+memory and started by the next sync (sync_mode restart, the Kimi way); the offload and onload phases are in
+timings.jsonl."""
 from __future__ import annotations
 
 import json
@@ -18,8 +20,8 @@ pytestmark = pytest.mark.slow
 TIMED = ("seconds", "per_s", "_s", "time")
 
 
-def _run(tmp_path, address: str, offload: bool) -> tuple[list[dict], list[dict]]:
-    name = "offload" if offload else "resident"
+def _run(tmp_path, address: str, offload: bool, sync_mode: str = "reload") -> tuple[list[dict], list[dict]]:
+    name = f"{'offload' if offload else 'resident'}-{sync_mode}"
     cfg = {
         "name": f"offload-{name}", "deterministic": True, "iterations": 2, "save_every": 1, "keep_checkpoints": 1,
         "ray": {"address": address},
@@ -29,7 +31,7 @@ def _run(tmp_path, address: str, offload: bool) -> tuple[list[dict], list[dict]]
         # kl: the reference's log-probs need the frozen copy back too
         "trainer": {"lr": 5e-3, "kl": {"coef": 0.01}, "offload_between_phases": offload},
         "rollout": {"prompts_per_iteration": 2, "n_samples": 2, "max_new_tokens": 4, "kv_cache_gb": 0.125,
-                    "probe_every": 2, "probe_prompts": 2},
+                    "probe_every": 2, "probe_prompts": 2, "sync_mode": sync_mode},
         "publish": {"shm_root": f"/dev/shm/tide-test-offload-{os.getpid()}"},
     }
     path = tmp_path / f"{name}.yaml"
@@ -59,3 +61,14 @@ def test_offloading_between_phases_ends_as_the_run_that_keeps_its_memory(tmp_pat
     moved = [t for t in timings if t["phase"] in ("offload", "onload")]
     assert all(t["bytes"] > 0 and t["parts"]["trainer"] >= 0 for t in moved)
     assert not [t for t in resident_timings if t["phase"] in ("offload", "onload")]
+
+    # restart: the engines stopped at each onload (before the trainer's log-probs and its checkpoints), started by
+    # the sync on the new weights, or by the next rollout on the weights they served after a checkpoint
+    stopped, timings = _run(tmp_path, address, offload=True, sync_mode="restart")
+    for a, b in zip(stopped, resident):
+        kept = [k for k in a if not any(t in k for t in TIMED)]
+        assert {k: a[k] for k in kept} == {k: b[k] for k in kept}
+    onloads = [t for t in timings if t["phase"] == "onload"]
+    assert [sorted(t["parts"]) for t in onloads] == [["engine_stop", "trainer"], ["engine_stop", "trainer"],
+                                                     ["engine_stop", "trainer"], ["trainer"], ["engine_stop", "trainer"],
+                                                     ["engine_stop", "trainer"]]

@@ -60,6 +60,9 @@ class _Recorder:
     def wake_up(self):
         self.calls.append("engines.wake_up")
 
+    def park(self):
+        self.calls.append("engines.park")
+
     def phase(self, iteration, name):
         from contextlib import contextmanager
 
@@ -95,3 +98,16 @@ def test_the_engines_sleep_before_the_trainer_takes_its_memory_back_and_wake_aft
         "no probe",
         "trainer.onload", (1, "onload", 10, ["trainer"]), "probe", "trainer.offload", (1, "offload", 10, ["trainer"]),
     ]
+
+
+def test_with_restarts_the_engines_are_stopped_before_the_trainer_takes_its_memory_back():
+    """sync_mode restart (the Kimi way): nothing to wake; the sync (or the next call) starts them."""
+    from orchestrator.iteration.colocation import Handover
+
+    s = _Recorder(_cfg(trainer={"device": "cuda", "backend": "nccl", "offload_between_phases": True},
+                       rollout={"device": "cuda", "sync_mode": "restart"}, placement={"mode": "disaggregated"}))
+    devices = Handover(s)
+    devices.to_engines(1)
+    devices.to_trainer(1)
+    assert s.calls == ["trainer.offload", (1, "offload", 10, ["trainer"]),
+                       "engines.park", "trainer.onload", (1, "onload", 10, ["engine_stop", "trainer"])]
