@@ -91,12 +91,15 @@ def offload(rank: MegatronRank) -> dict[str, float]:
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
         host.copy_(_bytes(storage), non_blocking=cuda)
         done.held.append(_Held(storage, nbytes, host))
+        if not cuda:  # copied already: released at once, so that host memory never holds the state twice
+            _resize(storage, 0)
     for storage in grads:
         done.held.append(_Held(storage, storage.nbytes(), None))
     if cuda:
         torch.cuda.synchronize()  # the copies have landed before their source is released
     for h in done.held:
-        _resize(h.storage, 0)
+        if h.storage.nbytes():
+            _resize(h.storage, 0)
     if cuda:
         torch.cuda.empty_cache()  # back to the driver, for the engines on the same GPU
         rank._offload_pool = {h.storage._cdata: h.host for h in done.held if h.host is not None}
