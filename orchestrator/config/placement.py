@@ -40,9 +40,32 @@ class PlacementConfig(StrictModel):
         return self
 
 
+def offloads_between_phases(placement: PlacementConfig, trainer: TrainerConfig) -> bool:
+    """trainer.offload_between_phases resolved: null is on exactly when colocated on CUDA."""
+    if trainer.offload_between_phases is not None:
+        return trainer.offload_between_phases
+    return placement.mode == "colocated" and trainer.device == "cuda"
+
+
+def check_handover(placement: PlacementConfig, trainer: TrainerConfig, r: RolloutConfig) -> None:
+    """Refuses what cannot take turns (orchestrator/iteration/colocation.py): the engines draw a batch ahead while
+    the trainer trains (max_staleness), or they sleep while the trainer keeps its memory (nothing to make room
+    for)."""
+    offloads = offloads_between_phases(placement, trainer)
+    if offloads and r.max_staleness:
+        raise ValueError(f"trainer.offload_between_phases: trainer and engines take turns on the same devices, but "
+                         f"rollout.max_staleness {r.max_staleness} has the engines draw the next batch while the "
+                         f"trainer trains: use max_staleness 0")
+    if r.sleep_level and not offloads:
+        raise ValueError(f"rollout.sleep_level {r.sleep_level}: the engines sleep while the trainer holds the GPUs, "
+                         f"which it does between phases only with trainer.offload_between_phases (null: on with "
+                         f"placement.mode colocated and trainer.device cuda)")
+
+
 def check_placement(placement: PlacementConfig, trainer: TrainerConfig, r: RolloutConfig,
                     transfer_enabled: bool) -> None:
     """ValueError naming the fields of a layout placement cannot make (TideConfig's validation)."""
+    check_handover(placement, trainer, r)
     gpus = "cuda" in (trainer.device, r.device)
     nodes, world = placement.trainer_nodes, trainer.parallel.world
     if nodes > 1 and world % nodes:

@@ -11,42 +11,36 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.placement import check_handover as placement_check
+from orchestrator.config.placement import offloads_between_phases as placement_offloads
 from orchestrator.config.schema import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import TideConfig
-    from orchestrator.iteration.session import Session
 
 
 def offloads_between_phases(cfg: TideConfig) -> bool:
     """trainer.offload_between_phases resolved: null is on exactly when colocated on CUDA."""
-    t = cfg.trainer
-    if t.offload_between_phases is not None:
-        return t.offload_between_phases
-    return cfg.placement.mode == "colocated" and t.device == "cuda"
+    return placement_offloads(cfg.placement, cfg.trainer)
 
 
 def check_handover(cfg: TideConfig) -> None:
-    """Refuses what cannot take turns: the engines draw a batch ahead while the trainer trains (max_staleness),
-    or they sleep while the trainer keeps its memory (nothing to make room for)."""
-    r = cfg.rollout
-    if offloads_between_phases(cfg) and r.max_staleness:
-        raise ConfigError(f"trainer.offload_between_phases: trainer and engines take turns on the same devices, but "
-                          f"rollout.max_staleness {r.max_staleness} has the engines draw the next batch while the "
-                          f"trainer trains: use max_staleness 0")
-    if r.sleep_level and not offloads_between_phases(cfg):
-        raise ConfigError(f"rollout.sleep_level {r.sleep_level}: the engines sleep while the trainer holds the GPUs, "
-                          f"which it does between phases only with trainer.offload_between_phases (null: on with "
-                          f"placement.mode colocated and trainer.device cuda)")
+    """The config's own check (orchestrator/config/placement.py, run when it loads), for a config built otherwise."""
+    try:
+        placement_check(cfg.placement, cfg.trainer, cfg.rollout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 class Handover:
     """Who holds the devices: the engines (rollout, sync, eval) or the trainer (log-probs, train step, publish,
     checkpoint). A run starts with the trainer holding them (it warms up or restores)."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: Any) -> None:
+        """`s`: the run's Session (orchestrator/iteration/session.py, which builds this), read for its config, run
+        directory, trainer and engines."""
         check_handover(s.cfg)
         self.s, self.on = s, offloads_between_phases(s.cfg)
         self.sleep_level = s.cfg.rollout.sleep_level
@@ -66,6 +60,16 @@ class Handover:
                 self.s.rollout.wake_up()
                 parts["engine_wake"] = time.perf_counter() - start
             rec["bytes"], rec["parts"] = out["offload_bytes"], parts
+        self.engines_hold = True
+
+    def before_engines_start(self, iteration: int) -> None:
+        """Engines placed on the trainer ranks' GPUs start after the trainer's memory is out (vLLM sizes itself on
+        the free memory it finds): the trainer's first offload, at start-up, with no engine to wake."""
+        if not self.on or self.engines_hold:
+            return
+        with self.s.run.phase(iteration, "offload") as rec:
+            out = self.s.trainer.offload()
+            rec["bytes"], rec["parts"] = out["offload_bytes"], {"trainer": out["offload_s"]}
         self.engines_hold = True
 
     def to_trainer(self, iteration: int) -> None:

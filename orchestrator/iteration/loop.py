@@ -14,7 +14,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ckpt_transfer.export import export_hf
 from orchestrator.iteration.checkpointing import save_checkpoint
 from orchestrator.iteration.checks import BatchChecks
-from orchestrator.iteration.colocation import Handover
 from orchestrator.iteration.drawing import draw, sampling_seed
 from orchestrator.iteration.evaluation import EVAL_STREAM, evaluate, held_out_problems
 from orchestrator.iteration.learning_signal import SignalWatch
@@ -38,7 +37,7 @@ TRAIN_METRICS = ("loss", "grad_norm", "sq_log_ratio", "kl_ref", "kl_ref_mean", "
 def run_iterations(s: Session) -> None:
     cfg, run = s.cfg, s.run
     checks, signal = BatchChecks(s), SignalWatch(cfg.logging.no_signal_after)
-    devices = Handover(s)  # trainer and engines taking turns on shared devices (off unless colocated on CUDA)
+    devices = s.devices  # trainer and engines taking turns on shared devices (off unless colocated on CUDA)
     schedule = make_schedule(s, checks)
     held_out = held_out_problems(s.task, cfg.seed, cfg.eval.prompts) if cfg.eval.every else []
     manifest = None

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
+from orchestrator.iteration.colocation import Handover
 from orchestrator.iteration.checkpointing import restore_checkpoint, save_checkpoint
 from orchestrator.workers.cluster import Cluster, connect, keep_session_logs
 from orchestrator.iteration.batches import behaviour_distribution
@@ -79,6 +80,8 @@ class Session:
     agent: "Agent | None" = None  # `agent:`: multi-turn rollouts (orchestrator/agents/agent_rollout.py)
     agent_probe: list[Problem] = field(default_factory=list)  # the probe's multi-turn problems (with `agent:`)
     start_iteration: int = 0
+    devices: "Handover | None" = None  # who holds shared devices, trainer or engines (iteration/colocation.py)
+    shares_gpus: bool = False  # colocated on GPUs: the engines start on the trainer ranks' GPUs
     _teardown: ExitStack = field(default_factory=ExitStack, repr=False)
     _ray_side: "RaySideStops | None" = field(default=None, repr=False)  # the part of _teardown that asks Ray
     _cluster: Cluster | None = field(default=None, repr=False)
@@ -181,7 +184,9 @@ class Session:
             ray_side.instead(weights.release_local)
             probe = probe_problems(task, cfg.seed, cfg.rollout.probe_prompts)
             session = cls(cfg, run, task, tokenizer, trainer, weights, probe, reward_functions, rollout=early,
-                          agent=agent, agent_probe=agent_probe_problems(task, cfg.seed, 2) if agent else [])
+                          agent=agent, agent_probe=agent_probe_problems(task, cfg.seed, 2) if agent else [],
+                          shares_gpus=placement.shares_gpus)
+            session.devices = Handover(session)
             session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
@@ -240,6 +245,8 @@ class Session:
         if self.rollout is None:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration)) if moved else \
                 [model_dir] * cfg.rollout.engines
+            if self.shares_gpus:
+                self.devices.before_engines_start(self.start_iteration)
             with startup("startup/engines"):
                 self.rollout = launch(dirs)
                 self.rollout.wait_started()

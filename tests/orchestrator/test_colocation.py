@@ -30,13 +30,12 @@ def test_sleep_level_is_refused_on_cpu_and_with_restarts_naming_the_field():
     RolloutConfig(device="cuda", sleep_level=2)
 
 
-def test_a_handover_with_overlapping_phases_or_nothing_to_make_room_for_is_refused():
+def test_a_handover_with_overlapping_phases_or_nothing_to_make_room_for_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match="trainer.offload_between_phases.*max_staleness 1"):
-        check_handover(_cfg(trainer={"offload_between_phases": True},
-                            rollout={"max_staleness": 1, "mismatch_correction": "tis"}))
+        _cfg(trainer={"offload_between_phases": True}, rollout={"max_staleness": 1, "mismatch_correction": "tis"})
     with pytest.raises(ConfigError, match="rollout.sleep_level 1.*offload_between_phases"):
-        check_handover(_cfg(trainer={"device": "cuda", "backend": "nccl"},
-                            rollout={"device": "cuda", "sleep_level": 1}, placement={"mode": "disaggregated"}))
+        _cfg(trainer={"device": "cuda", "backend": "nccl"}, rollout={"device": "cuda", "sleep_level": 1},
+             placement={"mode": "disaggregated"})
     check_handover(_cfg(trainer={"offload_between_phases": True}))
 
 
