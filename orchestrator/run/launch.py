@@ -80,7 +80,8 @@ def check_layout(cfg: TideConfig, nodes: list[NodeResources]) -> list[str]:
         elif gpu:
             for n in fitting[:trainer_nodes]:
                 free[n.name] -= per_node
-    if r.device == "cuda":
+    shares = cfg.placement.mode == "colocated" and r.device == "cuda"  # engines on the ranks' GPUs: none more
+    if r.device == "cuda" and not shares:
         room = sum(g // r.tp for g in free.values())
         if room < r.engines:
             problems.append(f"{r.engines} engine(s) of {r.tp} GPU(s) each (rollout.engines x rollout.tp) need "

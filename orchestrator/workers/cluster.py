@@ -77,8 +77,8 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None, lo
     handler = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    else:  # "local": a cluster of its own, never one that `ray start` (or a simulated cluster) left on the host
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     if threading.current_thread() is threading.main_thread() and handler is not None:
         # ray.init installs a native failure handler that turns SIGTERM into an abort (exit 134, no cleanup):
         # give the process back the handler it had (the CLI's: unwind like Ctrl-C).

@@ -30,19 +30,15 @@ def _cuda(**parallel_and_more):
 
 @pytest.fixture(scope="module")
 def one_node_of_8_gpus():
-    import ray
-
-    ray.init(num_cpus=1, num_gpus=8, include_dashboard=False, log_to_driver=False, namespace="test_launch")
-    try:
-        yield cluster_nodes()
-    finally:
-        ray.shutdown()
+    """One node of 8 GPUs and one CPU, as `cluster_nodes` reads a live one (checked against the session's
+    cluster below: one process joins one Ray cluster, the suite's)."""
+    return [NodeResources("10.0.0.1 (0123abcd)", 8, 1)]
 
 
-def test_the_local_cluster_reads_as_one_node_of_8_gpus(one_node_of_8_gpus):
-    [node] = one_node_of_8_gpus
-    assert (node.gpus, node.cpus) == (8, 1)
-    assert wait_for_nodes(1, timeout_s=5) == one_node_of_8_gpus
+def test_a_live_cluster_reads_as_its_nodes_with_their_gpus_and_cpus(ray_cluster):
+    [node] = cluster_nodes()  # the session's cluster: one node, 4 GPUs declared, 2 CPUs
+    assert (node.gpus, node.cpus) == (4, 2) and "(" in node.name
+    assert wait_for_nodes(1, timeout_s=5) == [node]
 
 
 def test_two_trainer_nodes_on_one_node_are_refused_by_name(one_node_of_8_gpus):
@@ -64,7 +60,14 @@ def test_a_layout_that_fits_passes(one_node_of_8_gpus):
     assert check_layout(cfg, one_node_of_8_gpus) == []
 
 
-def test_waiting_for_nodes_that_never_join_fails_naming_how_many_did(one_node_of_8_gpus):
+def test_colocated_engines_need_no_gpus_beyond_the_trainers(one_node_of_8_gpus):
+    cfg = _cuda(**{"trainer__parallel__dp": 8, "rollout__engines": 8, "placement__mode": "colocated"})
+    assert check_layout(cfg, one_node_of_8_gpus) == []
+    disaggregated = _cuda(**{"trainer__parallel__dp": 8, "rollout__engines": 8})
+    assert "room for 0" in check_layout(disaggregated, one_node_of_8_gpus)[0]
+
+
+def test_waiting_for_nodes_that_never_join_fails_naming_how_many_did(ray_cluster):
     from orchestrator.run.launch import LayoutDoesNotFit
 
     with pytest.raises(LayoutDoesNotFit, match=r"1 of 3 Ray nodes joined within 0 s"):
