@@ -140,10 +140,10 @@ class MooncakeSync(WeightSync):
         self.registry = get_or_create_registry(transfer.registry_name, namespace,
                                                state_path=transfer.registry_state_path)
         place = placement or AgentPlacement()
-        self.trainer_nodes = [trainer_nodes] if isinstance(trainer_nodes, str) else list(trainer_nodes)
+        nodes = [trainer_nodes] if isinstance(trainer_nodes, str) else trainer_nodes
         self.sources = {node: start_node_agent_actor(node, publish.shm_root, mooncake, self.registry,
                                                      publish_root=True, **place.source(j))
-                        for j, node in enumerate(self.trainer_nodes)}
+                        for j, node in enumerate(nodes)}
         self.sinks = [start_node_agent_actor(f"rollout{k}", str(self._rollout_root(k)), mooncake, self.registry,
                                              keep_last=publish.keep_last, **place.sink(k)) for k in range(engines)]
         try:
@@ -161,7 +161,6 @@ class MooncakeSync(WeightSync):
 
     def staging_dirs(self, iteration: int, nodes: list[str]) -> dict[str, str]:
         """Each trainer node's agent empties the iteration's directory under its own root."""
-
         unknown = sorted(set(nodes) - set(self.sources))
         if unknown:
             raise ValueError(f"trainer nodes {unknown} have no node agent (agents on {sorted(self.sources)})")
@@ -171,7 +170,6 @@ class MooncakeSync(WeightSync):
     def publish(self, manifest: Manifest, directories: dict[str, str] | None = None) -> None:
         """Every trainer node's agent serves and registers its own part (read from its own directory); the
         iteration is marked complete once all have."""
-
         holders = sorted({s.node for s in manifest.shards})
         missing = [n for n in holders if n not in self.sources]
         if missing:
@@ -195,7 +193,6 @@ class MooncakeSync(WeightSync):
         return out
 
     def pull(self, manifest: Manifest) -> Delivery:
-
         results = self._each({f"rollout{k}": a.sync.remote(run=manifest.run, iteration=manifest.iteration,
                                                             require_complete=True)
                               for k, a in enumerate(self.sinks)}, f"pull {manifest.run}/{manifest.iteration}")
@@ -203,7 +200,6 @@ class MooncakeSync(WeightSync):
                         bytes=sum(r.pulled_bytes for r in results), seconds=max(r.seconds for r in results))
 
     def gc(self, newest: int) -> None:
-
         keep = self.cfg.keep_last
         self._each({n: a.gc.remote(self.run, keep) for n, a in self.sources.items()}, "gc")
         self.registry.drop(self.run, newest - keep + 1)

@@ -13,9 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.placement import check_handover as placement_check
 from orchestrator.config.placement import offloads_between_phases as placement_offloads
-from orchestrator.config.schema import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import TideConfig
@@ -26,14 +24,6 @@ def offloads_between_phases(cfg: TideConfig) -> bool:
     return placement_offloads(cfg.placement, cfg.trainer)
 
 
-def check_handover(cfg: TideConfig) -> None:
-    """The config's own check (orchestrator/config/placement.py, run when it loads), for a config built otherwise."""
-    try:
-        placement_check(cfg.placement, cfg.trainer, cfg.rollout)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 class Handover:
     """Who holds the devices: the engines (rollout, sync, eval) or the trainer (log-probs, train step, publish,
     checkpoint). A run starts with the trainer holding them (it warms up or restores)."""
@@ -41,35 +31,26 @@ class Handover:
     def __init__(self, s: Any) -> None:
         """`s`: the run's Session (orchestrator/iteration/session.py, which builds this), read for its config, run
         directory, trainer and engines."""
-        check_handover(s.cfg)
         self.s, self.on = s, offloads_between_phases(s.cfg)
         self.sleep_level = s.cfg.rollout.sleep_level
         self.stops_engines = s.cfg.rollout.sync_mode == "restart"  # each sync starts them anew anyway
         self.engines_hold = False
 
     def to_engines(self, iteration: int) -> None:
-        """The trainer's memory out, the engines awake: after the publish, and before the run's first rollout.
-        Stopped engines start at their next call (the sync, or a rollout after a checkpoint's turn)."""
+        """The trainer's memory out, the engines awake: after the publish, and before the run's first rollout (or, for
+        engines placed on the trainer ranks' GPUs, before they start: vLLM sizes itself on the free memory it finds;
+        none is there to wake yet). Stopped engines start at their next call (the sync, or a rollout after a
+        checkpoint's turn)."""
         if not self.on or self.engines_hold:
             return
         with self.s.run.phase(iteration, "offload") as rec:
             out = self.s.trainer.offload()
             parts = {"trainer": out["offload_s"]}
-            if self.sleep_level:
+            if self.sleep_level and self.s.rollout is not None:
                 start = time.perf_counter()
                 self.s.rollout.wake_up()
                 parts["engine_wake"] = time.perf_counter() - start
             rec["bytes"], rec["parts"] = out["offload_bytes"], parts
-        self.engines_hold = True
-
-    def before_engines_start(self, iteration: int) -> None:
-        """Engines placed on the trainer ranks' GPUs start after the trainer's memory is out (vLLM sizes itself on
-        the free memory it finds): the trainer's first offload, at start-up, with no engine to wake."""
-        if not self.on or self.engines_hold:
-            return
-        with self.s.run.phase(iteration, "offload") as rec:
-            out = self.s.trainer.offload()
-            rec["bytes"], rec["parts"] = out["offload_bytes"], {"trainer": out["offload_s"]}
         self.engines_hold = True
 
     def to_trainer(self, iteration: int) -> None:

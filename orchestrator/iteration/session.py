@@ -246,7 +246,7 @@ class Session:
             dirs = self.weights.engine_dirs(self.publish(self.start_iteration)) if moved else \
                 [model_dir] * cfg.rollout.engines
             if self.shares_gpus:
-                self.devices.before_engines_start(self.start_iteration)
+                self.devices.to_engines(self.start_iteration)
             with startup("startup/engines"):
                 self.rollout = launch(dirs)
                 self.rollout.wait_started()

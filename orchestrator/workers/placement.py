@@ -47,9 +47,8 @@ class Placement:
         """Reserve (and wait for) the GPUs of the trainer ranks and of the engines; raise naming what does not
         fit, with the free GPUs per node. Disaggregated on CPU: split this process's cores (`split_cpus`).
         `trainer_nodes` > 1: the ranks spread over that many nodes (`spread_trainer`)."""
-        placement = cls(tp=rollout.tp)
-        if resolved_mode(mode, trainer, rollout) == "disaggregated" and "cuda" not in (trainer.device,
-                                                                                      rollout.device):
+        placement, mode = cls(tp=rollout.tp), resolved_mode(mode, trainer, rollout)
+        if mode == "disaggregated" and "cuda" not in (trainer.device, rollout.device):
             if trainer_nodes > 1:
                 raise ValueError("placement.mode disaggregated on CPU splits one host's cores between engines and "
                                  "trainer ranks; a trainer spanning nodes (placement.trainer_nodes) has nodes of "
@@ -57,7 +56,7 @@ class Placement:
             placement.engine_cpus, placement.trainer_cpus = split_cpus(
                 sorted(os.sched_getaffinity(0)), rollout_cpus, rollout)
         try:
-            placement.shares_gpus = resolved_mode(mode, trainer, rollout) == "colocated" and rollout.device == "cuda"
+            placement.shares_gpus = mode == "colocated" and rollout.device == "cuda"
             if trainer_nodes > 1:
                 placement.trainer, placement.ranks_per_node = spread_trainer(trainer, trainer_nodes)
             elif trainer.device == "cuda":

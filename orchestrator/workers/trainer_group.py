@@ -178,7 +178,7 @@ class TrainerGroup:
         names = {ids[0]: ip[ids[0]]} if len(ids) == 1 else {n: f"trainer{j}-{ip[n]}" for j, n in enumerate(ids)}
         self.rank_nodes = [names[node_id] for _, node_id in rank_nodes]  # per rank, its node's name
         self.nodes = [names[n] for n in ids]
-        self.node_ids = [n for n in ids]  # Ray node ids, in the order of self.nodes
+        self.node_ids = ids  # Ray node ids, in the order of self.nodes
         self.node, self.node_id = self.nodes[0], ids[0]
 
     def gpu_ids(self) -> list[list[str]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.schema import ConfigError, parse_config
-from orchestrator.iteration.colocation import check_handover, offloads_between_phases
+from orchestrator.config.placement import check_handover
+from orchestrator.iteration.colocation import offloads_between_phases
 from rollout.config import EngineConfig, RolloutConfig
 
 BASE = {"name": "t", "iterations": 1, "model": {"tiny": {}}, "task": {"name": "addition"}}
@@ -36,7 +37,8 @@ def test_a_handover_with_overlapping_phases_or_nothing_to_make_room_for_is_refus
     with pytest.raises(ConfigError, match="rollout.sleep_level 1.*offload_between_phases"):
         _cfg(trainer={"device": "cuda", "backend": "nccl"}, rollout={"device": "cuda", "sleep_level": 1},
              placement={"mode": "disaggregated"})
-    check_handover(_cfg(trainer={"offload_between_phases": True}))
+    accepted = _cfg(trainer={"offload_between_phases": True})
+    check_handover(accepted.placement, accepted.trainer, accepted.rollout)
 
 
 class _Recorder:
@@ -110,3 +112,17 @@ def test_with_restarts_the_engines_are_stopped_before_the_trainer_takes_its_memo
     devices.to_trainer(1)
     assert s.calls == ["trainer.offload", (1, "offload", 10, ["trainer"]),
                        "engines.park", "trainer.onload", (1, "onload", 10, ["engine_stop", "trainer"])]
+
+
+def test_before_engines_on_the_trainers_gpus_start_the_trainer_offloads_with_no_engine_to_wake():
+    """Colocated on GPUs the engines start after the trainer's start-up offload (the session has none yet): only
+    the trainer moves; the next to_engines finds the devices handed over already."""
+    from orchestrator.iteration.colocation import Handover
+
+    s = _Recorder(_cfg(trainer={"device": "cuda", "backend": "nccl", "offload_between_phases": True},
+                       rollout={"device": "cuda", "sleep_level": 1}, placement={"mode": "disaggregated"}))
+    s.rollout = None
+    devices = Handover(s)
+    devices.to_engines(0)
+    devices.to_engines(1)
+    assert s.calls == ["trainer.offload", (0, "offload", 10, ["trainer"])]
