@@ -67,6 +67,28 @@ class MoEConfig(StrictModel):
         "mixture-of-experts model and rollout.record_routing.")
 
 
+class LoRAConfig(StrictModel):
+    """The YAML `trainer.lora:` section: low-rank adapters (Hu et al. 2021) trained in place of the weights,
+    parameterised as PEFT's LoraConfig (one A and B per targeted projection, scaled by alpha / rank)."""
+
+    rank: int = Field(16, ge=1, description="r: the adapters' rank (PEFT's `r`).")
+    alpha: float = Field(32.0, gt=0, description="lora_alpha: each adapter's output is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout on each adapter's input while training "
+                           "(not with trainer.parallel.tp > 1). It makes the loss's log-probs noisier than the "
+                           "sampler's; RL recipes use 0.")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1,
+        description="The Hugging Face projections given adapters, as PEFT names them (the last part of the module's "
+        "name), in every decoder layer.")
+    sync: Literal["merged"] = Field(
+        "merged", description="What each weight sync publishes: `merged`, the base with scaling x B A added to "
+        "each adapted weight (the engines reload or restart as without LoRA).")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
 class TrainerConfig(StrictModel):
     """The YAML `trainer:` section."""
 
@@ -101,6 +123,9 @@ class TrainerConfig(StrictModel):
                          "default). With the default estimator k3 it optimises KL(reference || policy): its gradient "
                          "is the forward divergence's, though its value estimates KL(policy || reference).")
     moe: MoEConfig = Field(MoEConfig(), description="Mixture-of-experts settings: routing replay.")
+    lora: LoRAConfig | None = Field(None, description="Train low-rank adapters (LoRA) instead of the weights; the "
+                                    "base stays frozen and is the reference policy of trainer.kl. null: full "
+                                    "fine-tuning.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the optimizer; 0: none.")
     grad_clip: float = Field(1.0, gt=0, description="Gradients are clipped to this global L2 norm before each "
                              "optimizer step.")

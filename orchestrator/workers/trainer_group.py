@@ -216,12 +216,12 @@ class TrainerGroup:
         return next(r for r in self._all("logits", token_lists) if r is not None)
 
     def publish(self, run: str, iteration: int, directory: str | dict[str, str], shard_bytes: int,
-                writer_threads: int = 2) -> Manifest:
+                writer_threads: int = 2, adapter: bool = False) -> Manifest:
         """Every rank writes the HF tensors it owns into its node's directory (`directory`: one for all, or per
         node name); the manifest lists them all, each under its node, and is written beside rank 0's aux files
-        (its `directory`)."""
+        (its `directory`). `adapter`: the LoRA adapter's tensors (PEFT names) instead of the model's."""
         dirs = directory if isinstance(directory, dict) else {n: directory for n in self.nodes}
-        results = self._get([r.call.remote("publish", dirs[node], node, shard_bytes, writer_threads)
+        results = self._get([r.call.remote("publish", dirs[node], node, shard_bytes, writer_threads, adapter)
                              for r, node in zip(self.ranks, self.rank_nodes)])
         records = [s for r in results for s in r["shards"]]
         aux = sorted({name for r in results for name in r["aux_files"]})

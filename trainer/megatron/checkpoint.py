@@ -71,7 +71,7 @@ def _sharded_state(rank: MegatronRank, is_loading: bool, with_rng: bool = True, 
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     ps = rank.ps
-    model_sd = rank.module.sharded_state_dict()
+    model_sd = _model_state(rank)
     rng = {"cpu": torch.get_rng_state()}
     if rank.spec.trainer.device == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -86,12 +86,79 @@ def _sharded_state(rank: MegatronRank, is_loading: bool, with_rng: bool = True, 
     if with_optimizer:
         state["optimizer"] = rank.optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
                                                                metadata=_optimizer_metadata(rank))
-    if rank.reference is not None:
+    if rank.reference is not None and rank.spec.trainer.lora is None:  # a LoRA run's reference is its base
         state["reference"] = rank.reference.sharded_state_dict(prefix="reference.")
     if with_rng:
         # ranks that share (pp, tp, ep) coordinates hold copies: they form the expert-data-parallel group
         state["rng"] = ShardedObject("rng_state", rng, shape, pos, replica_id=ps.get_expert_data_parallel_rank())
     return state
+
+
+def _model_state(rank: MegatronRank) -> dict:
+    """The policy's sharded state: with trainer.lora its adapters only (the base is the model directory, recorded
+    by digest in layout.json)."""
+    from trainer.megatron.lora import is_adapter_parameter
+
+    state = rank.module.sharded_state_dict()
+    return {k: v for k, v in state.items() if is_adapter_parameter(k)} if rank.spec.trainer.lora else state
+
+
+def _load_model_state(rank: MegatronRank, state: dict) -> None:
+    if rank.spec.trainer.lora is None:
+        rank.module.load_state_dict(state)
+        return
+    from trainer.megatron.lora import is_adapter_parameter
+
+    result = rank.module.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if is_adapter_parameter(k)]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"the checkpoint's adapters do not match trainer.lora: missing {missing[:3]}, "
+                         f"unexpected {result.unexpected_keys[:3]}")
+
+
+_BASE_DIGESTS: dict[tuple, str] = {}
+
+
+def base_digest(hf_dir: str) -> str:
+    """sha256 over the base model's config and weight files (names and bytes): what a LoRA checkpoint was trained
+    on. Computed once per process for unchanged files."""
+    files = sorted([*Path(hf_dir).glob("*.safetensors"), Path(hf_dir) / "config.json"])
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _BASE_DIGESTS:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 24):
+                    h.update(block)
+        _BASE_DIGESTS[key] = h.hexdigest()
+    return _BASE_DIGESTS[key]
+
+
+def _lora_record(rank: MegatronRank) -> dict | None:
+    lora = rank.spec.trainer.lora
+    if lora is None:
+        return None
+    return {"rank": lora.rank, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules),
+            "base": rank.spec.hf_dir, "base_digest": base_digest(rank.spec.hf_dir)}
+
+
+def _check_lora(rank: MegatronRank, ckpt_dir: str, saved: dict | None) -> None:
+    """A LoRA checkpoint resumes onto the base it was trained on, with the same adapters."""
+    mine = _lora_record(rank)
+    if (saved is None) != (mine is None):
+        raise ValueError(f"{ckpt_dir} was saved {'with' if saved else 'without'} trainer.lora; the run has it "
+                         f"{'off' if saved else 'on'}: resume with the same setting")
+    if saved is None:
+        return
+    if saved["base_digest"] != mine["base_digest"]:
+        raise ValueError(f"{ckpt_dir} holds adapters trained on the base {saved['base']} (sha256 "
+                         f"{saved['base_digest'][:12]}); the model directory {mine['base']} differs (sha256 "
+                         f"{mine['base_digest'][:12]}): resume on the base it was trained on")
+    shape = {k: saved[k] for k in ("rank", "alpha", "target_modules")}
+    if shape != {k: mine[k] for k in shape}:
+        raise ValueError(f"{ckpt_dir} holds adapters {shape}; trainer.lora asks for "
+                         f"{ {k: mine[k] for k in shape} }: resume with the same rank, alpha and target_modules")
 
 
 def save_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
@@ -107,7 +174,8 @@ def save_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
         target.mkdir(parents=True, exist_ok=True)
         (Path(ckpt_dir) / "layout.json").write_text(json.dumps(
             _layout_record(rank) | {"optimizer_state": with_optimizer,
-                                    "distributed_optimizer": rank.spec.trainer.uses_distributed_optimizer}))
+                                    "distributed_optimizer": rank.spec.trainer.uses_distributed_optimizer,
+                                    "lora": _lora_record(rank)}))
     torch.distributed.barrier()
     dist_checkpointing.save(_sharded_state(rank, is_loading=False, with_optimizer=with_optimizer), str(target))
     torch.distributed.barrier()
@@ -125,6 +193,7 @@ def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
     saved_file = Path(ckpt_dir) / "layout.json"
     saved = json.loads(saved_file.read_text()) if saved_file.exists() else _layout_record(rank)
     with_optimizer = saved.pop("optimizer_state", True)  # False: saved before any step (see save_checkpoint)
+    _check_lora(rank, ckpt_dir, saved.pop("lora", None))
     distributed = rank.spec.trainer.uses_distributed_optimizer
     saved_distributed = saved.pop("distributed_optimizer", False)
     if with_optimizer and saved_distributed != distributed:
@@ -145,7 +214,7 @@ def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
     state = dist_checkpointing.load(
         _sharded_state(rank, is_loading=True, with_rng=same_layout, with_optimizer=with_optimizer),
         str(Path(ckpt_dir) / "megatron"))
-    rank.module.load_state_dict(state["model"])
+    _load_model_state(rank, state["model"])
     if with_optimizer:
         # megatron-core 0.19's distributed optimizer copies dp_reshardable state into its main parameters
         # outside no_grad: in float32 those are views of the model's parameters, which autograd refuses
@@ -154,7 +223,7 @@ def load_checkpoint(rank: MegatronRank, ckpt_dir: str) -> None:
         _restore_adam_steps(rank)
     else:
         rank.reset_optimizer()  # as it was when saved: no moments, step 0
-    if rank.reference is not None:
+    if rank.reference is not None and rank.spec.trainer.lora is None:
         rank.reference.load_state_dict({k.removeprefix("reference."): v for k, v in state["reference"].items()})
     if not same_layout:
         return
@@ -170,8 +239,11 @@ def load_model(rank: MegatronRank, ckpt_dir: str) -> None:
     them into this rank's: what `tide export` needs."""
     from megatron.core import dist_checkpointing
 
-    state = dist_checkpointing.load({"model": rank.module.sharded_state_dict()}, str(Path(ckpt_dir) / "megatron"))
-    rank.module.load_state_dict(state["model"])
+    saved_file = Path(ckpt_dir) / "layout.json"
+    if saved_file.exists():
+        _check_lora(rank, ckpt_dir, json.loads(saved_file.read_text()).get("lora"))
+    state = dist_checkpointing.load({"model": _model_state(rank)}, str(Path(ckpt_dir) / "megatron"))
+    _load_model_state(rank, state["model"])
 
 
 def parameter_digest(rank: MegatronRank) -> str:

@@ -62,12 +62,15 @@ class MegatronRank:
         # it is created, and its first step writes them back (built before, it would revert to the random init)
         self.reset_optimizer()
         self.loss_spec = t.loss_spec()
-        self.reference = self._frozen_copy() if t.kl.coef > 0 else None
-        self.behaviour = None  # snapshot_behaviour's copy, made on first use
-        from trainer.megatron import routing_replay
+        from trainer.megatron import lora, routing_replay
 
+        # with adapters the reference is the base itself, the adapters off (no second copy of the weights)
+        self.reference = None if t.kl.coef == 0 else lora.AdaptersOff(self.module) if t.lora else \
+            self._frozen_copy()
+        self.behaviour = None  # snapshot_behaviour's copy, made on first use
         self.routers = routing_replay.attach(self.module)
-        self._reference_routers = routing_replay.attach(self.reference) if self.reference is not None else []
+        self._reference_routers = [] if self.reference is None else self.routers if t.lora else \
+            routing_replay.attach(self.reference)
         self._behaviour_routers: list = []
         self.routing_replay = t.moe.routing_replay == "rollout"
         if self.routing_replay and not self.routers:
@@ -108,6 +111,10 @@ class MegatronRank:
             # so every parameter gets an fp32 main copy in the mixed-precision optimizer. Inputs are token
             # ids, and log-probs are computed in fp32 from the half-precision logits (as vLLM's sampler does).
             module = module.to(self.dtype)
+        if self.spec.trainer.lora is not None:  # before DDP: the adapters are the parameters it reduces
+            from trainer.megatron import lora
+
+            lora.attach(module, self.hf_config, self.layout(module), self.spec.trainer.lora, self.spec.seed)
         return module.cuda() if self.spec.trainer.device == "cuda" else module
 
     def _frozen_copy(self):
@@ -120,7 +127,7 @@ class MegatronRank:
 
     def snapshot_reference(self) -> None:
         """The reference becomes the current policy (RL's starting point, after the warm start)."""
-        if self.reference is not None:
+        if self.reference is not None and self.spec.trainer.lora is None:  # with adapters: always the base
             self.reference.load_state_dict(self.module.state_dict())
 
     def snapshot_behaviour(self) -> None:
@@ -154,7 +161,9 @@ class MegatronRank:
             with safe_open(index[name], "pt") as h:
                 return h.get_tensor(name)
 
-        params = dict(self.module.named_parameters())
+        from trainer.megatron.lora import is_adapter_parameter
+
+        params = {n: p for n, p in self.module.named_parameters() if not is_adapter_parameter(n)}
         state = family(self.hf_config).hf_to_megatron(get, params.keys(), self.hf_config, self.layout())
         with torch.no_grad():
             for name, p in params.items():
@@ -180,11 +189,12 @@ class MegatronRank:
     def module(self):
         return self.model.module
 
-    def layout(self):
+    def layout(self, module=None):
+        """Where this rank sits (of `module`, this rank's stage, before it is wrapped: the policy's)."""
         from ckpt_transfer.convert import RankLayout
 
         ps = self.ps
-        layers = self.module.decoder.layers
+        layers = (module or self.module).decoder.layers
         return RankLayout(
             tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
             pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=ps.get_pipeline_model_parallel_world_size(),

@@ -52,9 +52,10 @@ class MegatronWorker(MegatronRank):
         return scoring.logits(self, token_lists)
 
     @resident
-    def publish(self, out_dir: str, node: str, shard_bytes: int, writer_threads: int = 2) -> dict:
-        """This rank's weights as HF safetensors shards in `out_dir` (publish.py)."""
-        return publish.publish(self, out_dir, node, shard_bytes, writer_threads)
+    def publish(self, out_dir: str, node: str, shard_bytes: int, writer_threads: int = 2,
+                adapter: bool = False) -> dict:
+        """This rank's weights (or its LoRA adapter) as HF safetensors shards in `out_dir` (publish.py)."""
+        return publish.publish(self, out_dir, node, shard_bytes, writer_threads, adapter)
 
     @resident
     def save_checkpoint(self, ckpt_dir: str) -> None:

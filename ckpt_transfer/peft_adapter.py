@@ -1,0 +1,51 @@
+"""A LoRA adapter as PEFT saves one (`adapter_model.safetensors` + `adapter_config.json`), from a published
+adapter's manifest (its tensor-parallel shards concatenated): what `peft.PeftModel.from_pretrained(base, dir)`
+and vLLM's LoRA loader read."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .manifest import Manifest
+
+ADAPTER_FILE, CONFIG_FILE = "adapter_model.safetensors", "adapter_config.json"
+
+
+def adapter_config(*, rank: int, alpha: float, dropout: float, target_modules: list[str],
+                   base_model: str) -> dict[str, Any]:
+    """PEFT's LoraConfig fields of a tide adapter (plain LoRA: no bias, no rsLoRA, no DoRA, every layer)."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
+            "target_modules": sorted(target_modules), "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "use_dora": False, "modules_to_save": None, "layers_to_transform": None,
+            "rank_pattern": {}, "alpha_pattern": {}, "init_lora_weights": True, "inference_mode": True,
+            "base_model_name_or_path": base_model}
+
+
+def targets_of(names: list[str]) -> list[str]:
+    """The projections (PEFT target names) that adapter tensor names cover."""
+    return sorted({n.removesuffix(".lora_A.weight").removesuffix(".lora_B.weight").rsplit(".", 1)[1]
+                   for n in names})
+
+
+def write_peft_adapter(manifest: Manifest, out_dir: str | Path, config: dict[str, Any]) -> Path:
+    """`out_dir` as a PEFT adapter directory holding the manifest's adapter, whole; written under a temporary
+    name and renamed when complete. Raises ResliceError when a tensor-parallel shard is missing."""
+    from safetensors.torch import save_file
+
+    from .reslice import merged_tensors
+
+    tensors = merged_tensors(manifest)
+    bad = sorted(n for n in tensors if not n.endswith((".lora_A.weight", ".lora_B.weight")))
+    if bad or not tensors:
+        raise ValueError(f"{manifest.directory}: not a LoRA adapter's manifest ({bad[:3] or 'no tensors'})")
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(config | {"target_modules": targets_of(list(tensors))}, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
