@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+import torch
+
+from .convert.common import HFTensor
 from .manifest import Manifest
 
 ADAPTER_FILE, CONFIG_FILE = "adapter_model.safetensors", "adapter_config.json"
@@ -32,14 +36,40 @@ def targets_of(names: list[str]) -> list[str]:
 def write_peft_adapter(manifest: Manifest, out_dir: str | Path, config: dict[str, Any]) -> Path:
     """`out_dir` as a PEFT adapter directory holding the manifest's adapter, whole; written under a temporary
     name and renamed when complete. Raises ResliceError when a tensor-parallel shard is missing."""
-    from safetensors.torch import save_file
-
     from .reslice import merged_tensors
 
-    tensors = merged_tensors(manifest)
+    return write_peft_dir(merged_tensors(manifest), out_dir, config, source=manifest.directory)
+
+
+def merge_records(records: Iterable[HFTensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors from the ranks' records of an adapter (the trainer's `adapter_tensors`): tensor-parallel
+    shards concatenated along their split, in rank order. Raises ResliceError when a shard is missing."""
+    from .reslice import ResliceError
+
+    shards: dict[str, dict[int, HFTensor]] = defaultdict(dict)
+    for r in records:
+        shards[r.name][r.tp_rank] = r
+    out = {}
+    for name, by_rank in sorted(shards.items()):
+        first = next(iter(by_rank.values()))
+        if first.tp_dim is None:
+            out[name] = first.value()
+            continue
+        missing = sorted(set(range(first.tp_size)) - set(by_rank))
+        if missing:
+            raise ResliceError(f"{name}: TP shards {missing} of {first.tp_size} are missing")
+        out[name] = torch.cat([by_rank[k].value() for k in range(first.tp_size)], dim=first.tp_dim)
+    return out
+
+
+def write_peft_dir(tensors: dict[str, torch.Tensor], out_dir: str | Path, config: dict[str, Any],
+                   source: str = "the trainer") -> Path:
+    """`out_dir` as a PEFT adapter directory of these whole adapter tensors (PEFT names)."""
+    from safetensors.torch import save_file
+
     bad = sorted(n for n in tensors if not n.endswith((".lora_A.weight", ".lora_B.weight")))
     if bad or not tensors:
-        raise ValueError(f"{manifest.directory}: not a LoRA adapter's manifest ({bad[:3] or 'no tensors'})")
+        raise ValueError(f"{source}: not a LoRA adapter ({bad[:3] or 'no tensors'})")
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

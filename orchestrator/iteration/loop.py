@@ -11,7 +11,6 @@ from contextlib import contextmanager
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ckpt_transfer.export import export_hf
 from orchestrator.iteration.checkpointing import save_checkpoint
 from orchestrator.iteration.checks import BatchChecks
 from orchestrator.iteration.drawing import draw, sampling_seed
@@ -92,7 +91,7 @@ def run_iterations(s: Session) -> None:
     devices.to_trainer(cfg.iterations)
     run.write_final(cfg.iterations, s.trainer.parameter_digests())
     # the weights the engines served last, outside shared memory (published again if no iteration ran here)
-    export_hf(s.whole_copy(manifest or s.publish(cfg.iterations)), run.path / "hf")
+    s.export_final(manifest, run.path / "hf")
 
 
 def make_schedule(s: Session, checks: BatchChecks) -> RolloutScheduler:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from ckpt_transfer import Delivery, Manifest, WeightSync, open_weight_sync
+from ckpt_transfer.export import export_hf
+from ckpt_transfer.peft_adapter import adapter_config, write_peft_dir
 from orchestrator.iteration.colocation import Handover
 from orchestrator.iteration.checkpointing import restore_checkpoint, save_checkpoint
 from orchestrator.workers.cluster import Cluster, connect, keep_session_logs
@@ -271,6 +273,16 @@ class Session:
             raise full from e
         self.weights.publish(manifest, directories)
         return manifest
+
+    def export_final(self, manifest: Manifest | None, out: Path) -> Path:
+        """RUN_DIR/hf: the weights the engines served last (published again if no iteration ran here); with
+        trainer.lora the adapter alone, as a PEFT directory over the base (`tide export --merged` merges it)."""
+        lora = self.cfg.trainer.lora
+        if lora is None:
+            return export_hf(self.whole_copy(manifest or self.publish(self.cfg.iterations)), out)
+        config = adapter_config(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                                target_modules=lora.target_modules, base_model=self.trainer.spec.hf_dir)
+        return write_peft_dir(self.trainer.adapter(), out, config)
 
     def whole_copy(self, manifest: Manifest) -> Manifest:
         """A copy of the iteration that holds all of it where this process can read it: the publish itself from a

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_transfer.manifest import Manifest
+from ckpt_transfer.peft_adapter import adapter_config, merge_records, write_peft_dir
 from orchestrator.config.schema import load_config
 from orchestrator.config.model_source import resolve_model_dir
 from orchestrator.records.rundir import CKPT_PREFIX, RunDir
@@ -27,9 +28,12 @@ class ExportMismatch(RuntimeError):
     pass
 
 
-def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, verify: bool = False) -> ExportResult:
+def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, verify: bool = False,
+                      merged: bool = False) -> ExportResult:
     """`verify`: load the export with transformers and compare its logits with the Megatron model's on the same
-    tokens; float32 must agree to 1e-4 (logits), other dtypes to the run's log-prob gap bound (log-probs)."""
+    tokens; float32 must agree to 1e-4 (logits), other dtypes to the run's log-prob gap bound (log-probs). A LoRA
+    run (trainer.lora) exports its adapter as a PEFT directory over the base (verified through PEFT), or with
+    `merged` the base with the adapter merged in."""
     cfg = load_config(run.config_file)
     if cfg.engine != "megatron":
         raise ValueError(f"{run.path} is a JAX run: there is no language model to export")
@@ -50,20 +54,29 @@ def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, veri
     from ckpt_transfer.writer import finalize_manifest, rename_into_place
     from trainer.megatron.worker import SINGLE_RANK_PORT, MegatronWorker
 
+    if merged and cfg.trainer.lora is None:
+        raise ValueError(f"{run.path} trained the whole model (no trainer.lora): there is no adapter to merge")
     worker = MegatronWorker(spec, 0, 1, "127.0.0.1", SINGLE_RANK_PORT)
     try:
         worker.load_model(str(run.checkpoint_dir(iteration)))
         out = Path(out)
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        written = worker.publish(str(staging), node="export", shard_bytes=cfg.publish.shard_bytes)
-        manifest = Manifest(run=cfg.name, iteration=iteration, directory=str(staging), shards=written["shards"],
-                            aux_files=written["aux_files"])
-        finalize_manifest(manifest)
-        path = rename_into_place(manifest, staging, out)
+        lora = cfg.trainer.lora
+        if lora is not None and not merged:
+            path = write_peft_dir(merge_records(worker.adapter_tensors()), out, adapter_config(
+                rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules,
+                base_model=model_dir))
+        else:
+            staging = out.with_name(out.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            written = worker.publish(str(staging), node="export", shard_bytes=cfg.publish.shard_bytes)
+            manifest = Manifest(run=cfg.name, iteration=iteration, directory=str(staging), shards=written["shards"],
+                                aux_files=written["aux_files"])
+            finalize_manifest(manifest)
+            path = rename_into_place(manifest, staging, out)
         if not verify:
             return ExportResult(path, iteration)
-        logit_diff, logprob_diff = _compare_with_transformers(worker, path, cfg.model.dtype, cfg.seed)
+        adapter_of = model_dir if lora is not None and not merged else None
+        logit_diff, logprob_diff = _compare_with_transformers(worker, path, cfg.model.dtype, cfg.seed, adapter_of)
         bound = 1e-4 if cfg.model.dtype == "float32" else cfg.rollout.logprob_gap_bound(cfg.model.dtype)
         measured, what = (logit_diff, "logits") if cfg.model.dtype == "float32" else (logprob_diff, "log-probs")
         if measured > bound:
@@ -74,13 +87,20 @@ def export_checkpoint(run: RunDir, out: Path, iteration: int | None = None, veri
         worker.shutdown()
 
 
-def _compare_with_transformers(worker, hf_dir: Path, dtype: str, seed: int) -> tuple[float, float]:
-    """Max |difference| of logits and of log-probs between transformers (loading `hf_dir`) and the Megatron
-    model, over a few seeded random token sequences of the vocabulary."""
+def _compare_with_transformers(worker, hf_dir: Path, dtype: str, seed: int,
+                               adapter_of: str | None = None) -> tuple[float, float]:
+    """Max |difference| of logits and of log-probs between transformers (loading `hf_dir`; a PEFT adapter over the
+    base `adapter_of`) and the Megatron model, over a few seeded random token sequences of the vocabulary."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
+    if adapter_of is None:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
+    else:
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(adapter_of, dtype=getattr(torch, dtype))
+        model = PeftModel.from_pretrained(base, hf_dir).eval()
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, model.config.vocab_size, (4, 24), generator=generator)
     ours = torch.stack(worker.logits(tokens.tolist())).float()

@@ -229,6 +229,12 @@ class TrainerGroup:
                             aux_files=aux, tp_size=self.spec.trainer.parallel.tp)
         return self._get(self.ranks[0].finalize_manifest.remote(manifest))
 
+    def adapter(self) -> dict:
+        """The LoRA adapter whole, in PEFT's names (trainer.lora): the ranks' shards, merged here (megabytes)."""
+        from ckpt_transfer.peft_adapter import merge_records
+
+        return merge_records(r for rank in self._all("adapter_tensors") for r in rank)
+
     def published_bytes(self, manifest: Manifest) -> dict[str, int]:
         """`publish_bytes_node<j>`: the bytes of `manifest` that the trainer's node j (self.nodes) wrote and
         serves, every node listed (0 where it wrote none)."""

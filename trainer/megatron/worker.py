@@ -12,9 +12,12 @@ the door; the work lives beside it, one job a module:
   publish.py          weights -> HF safetensors shards
   checkpoint.py       Megatron distributed checkpoints: save, load (resharded), model only, digest
   offload.py          parameters, gradients and optimizer state out of device memory between phases and back
+  lora.py             LoRA adapters on the linears (trainer.lora): attach, merge, PEFT names
 
 While offloaded, the calls that need the weights or optimizer state are refused by name (offload.resident)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -56,6 +59,15 @@ class MegatronWorker(MegatronRank):
                 adapter: bool = False) -> dict:
         """This rank's weights (or its LoRA adapter) as HF safetensors shards in `out_dir` (publish.py)."""
         return publish.publish(self, out_dir, node, shard_bytes, writer_threads, adapter)
+
+    @resident
+    def adapter_tensors(self) -> list:
+        """This rank's LoRA adapter in PEFT's names, as ckpt_transfer.convert.HFTensor records: tensor-parallel
+        shards marked as published ones are; none on data-parallel replicas past the first (lora.py)."""
+        from trainer.megatron import lora
+
+        return [replace(t, tensor=t.tensor.detach().cpu().clone())
+                for t in lora.peft_tensors(self.module, self.layout())]
 
     @resident
     def save_checkpoint(self, ckpt_dir: str) -> None:
