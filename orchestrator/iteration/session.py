@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import math
 import os
 import shutil
 import time
@@ -192,7 +193,8 @@ class Session:
             session._start_engines(model_dir, resume, startup, launch_engines)
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
-            run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids())
+            run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids(),
+                           **session.adapter_counts())
             session._cluster, session._ray_side = cluster, ray_side
             session._teardown = stack.pop_all()
             freeze_heap()  # the driver's start-up heap: kept out of the full collections between iterations
@@ -273,6 +275,20 @@ class Session:
             raise full from e
         self.weights.publish(manifest, directories)
         return manifest
+
+    def adapter_counts(self) -> dict[str, float]:
+        """With trainer.lora: the adapters' parameters, the base's, and their share (status.json, the console)."""
+        if self.cfg.trainer.lora is None:
+            return {}
+        from safetensors import safe_open
+
+        trainable = sum(t.numel() for t in self.trainer.adapter().values())
+        base = 0
+        for f in Path(self.trainer.spec.hf_dir).glob("*.safetensors"):
+            with safe_open(str(f), "pt") as h:
+                base += sum(math.prod(h.get_slice(k).get_shape()) for k in h.keys())
+        console.log(f"LoRA: {trainable:,} trainable parameters, {100 * trainable / base:.2f}% of the base's {base:,}")
+        return {"lora_trainable_params": trainable, "lora_base_params": base, "lora_trainable_share": trainable / base}
 
     def export_final(self, manifest: Manifest | None, out: Path) -> Path:
         """RUN_DIR/hf: the weights the engines served last (published again if no iteration ran here); with

@@ -47,6 +47,14 @@ def test_lora_run_serves_exports_and_resumes_exactly(tmp_path, address):
     assert (peft.r, peft.lora_alpha) == (lora["rank"], lora["alpha"])
     assert sorted(peft.target_modules) == sorted(lora["target_modules"])
     assert not list((whole / "hf").glob("model*.safetensors"))
+    # status.json counts the trainable parameters: the adapter's, a small share of the base's
+    from safetensors.torch import load_file
+
+    status = json.loads((whole / "status.json").read_text())
+    adapter = sum(t.numel() for t in load_file(whole / "hf" / "adapter_model.safetensors").values())
+    assert status["lora_trainable_params"] == adapter
+    assert status["lora_trainable_share"] == pytest.approx(adapter / status["lora_base_params"])
+    assert 0 < status["lora_trainable_share"] < 0.5
     for args, shows in ((["--verify"], "adapter_model.safetensors"), (["--merged", "--verify"], "config.json")):
         out = tmp_path / f"export{len(args)}"
         exported = tide("export", whole, out, *args, timeout=300)
