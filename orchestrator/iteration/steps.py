@@ -9,7 +9,8 @@ from orchestrator.iteration.mismatch import use_trainer_old_logprobs
 from orchestrator.iteration.schedule import Drawn
 from orchestrator.iteration.session import Session, console
 from orchestrator.agents import episode_rewards
-from orchestrator.rewards import RewardPhase, TrainerState, reward_phase
+from orchestrator.rewards import TrainerState
+from orchestrator.rewards.phase import RewardPhase, reward_phase
 from trainer.batch import LoglinearProximal, TrainBatch
 from trainer.lr_schedule import lr_at
 
