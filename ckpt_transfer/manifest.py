@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MANIFEST_FILE = "manifest.json"
+ADAPTER_SUFFIXES = (".lora_A.weight", ".lora_B.weight")  # PEFT's names of a LoRA adapter's tensors
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ class Manifest:
     def is_whole(self) -> bool:
         """Every tensor whole (a shard of one is the tensor): the directory loads as an HF checkpoint as is."""
         return self.tp_size == 1 and all(t.tp_dim is None or t.tp_size == 1 for s in self.shards for t in s.tensors)
+
+    @property
+    def is_adapter(self) -> bool:
+        """A LoRA adapter's tensors alone (trainer.lora's adapter publish: PEFT names, no config or tokenizer files),
+        to be served on a base model rather than loaded as one."""
+        names = [t.name for s in self.shards for t in s.tensors]
+        return bool(names) and all(n.endswith(ADAPTER_SUFFIXES) for n in names)
 
     def to_json(self) -> str:
         # Built by hand: dataclasses.asdict deep-copies every field (2 ms for a 100M-parameter model's

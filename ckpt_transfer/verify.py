@@ -38,13 +38,14 @@ def _check_tensors(path: Path, shard: ShardRecord) -> None:
 
 def verify_manifest(manifest: Manifest) -> int:
     """Raise CheckpointError unless every file of the iteration is present and has the size, tensors and
-    checksum the manifest records. Returns the number of shard bytes checked."""
+    checksum the manifest records (and a model's config.json; an adapter's manifest has none). Returns the number
+    of shard bytes checked."""
     directory = Path(manifest.directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
     if not manifest.shards:
         raise CheckpointError(f"manifest of {manifest.run}/{manifest.iteration} lists no shards")
-    for name in ["config.json", *manifest.aux_files]:
+    for name in [*([] if manifest.is_adapter else ["config.json"]), *manifest.aux_files]:
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: missing (listed in the manifest or required by HF)")
     for shard in manifest.shards:

@@ -12,6 +12,16 @@ from pydantic import Field, ValidationInfo, model_validator
 from ckpt_transfer.config import ConfigPath, StrictModel, missing_path
 
 
+class EngineLoRAConfig(StrictModel):
+    """The LoRA adapter an engine serves on its base model (rollout/lora_serving.py): PEFT's LoraConfig fields that
+    serving needs."""
+
+    rank: int = Field(ge=1, le=512, description="r: the adapter's rank (vLLM serves ranks up to 512).")
+    alpha: float = Field(gt=0, description="lora_alpha: the adapter's output is scaled by alpha / rank.")
+    target_modules: list[str] = Field(min_length=1, description="The Hugging Face projections that carry adapters, "
+                                      "as PEFT names them (q_proj, ..., down_proj).")
+
+
 class EngineConfig(StrictModel):
     """One vLLM engine. The run-wide settings it also needs (parameter dtype, seed, determinism) are given
     to `RolloutEngine` beside it."""
@@ -67,6 +77,9 @@ class EngineConfig(StrictModel):
         "generating (2 x layers x top_k bytes per token), for the trainer's routing_mismatch metric and "
         "trainer.moe.routing_replay, in every engine layout (engine_process, tp, compiled or eager); ignored for dense "
         "models.")
+    lora: EngineLoRAConfig | None = Field(
+        None, description="Set by tide from trainer.lora when trainer.lora.sync is adapter (leave it null): the "
+        "engines load the base model once and serve each synced LoRA adapter on it through vLLM's LoRA support.")
 
     # vLLM's sleep mode (LLM.sleep / wake_up; enable_sleep_mode at start)
     sleep_level: Literal[0, 1, 2] = Field(

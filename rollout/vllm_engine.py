@@ -25,6 +25,7 @@ from .engine_model import model_llm_kwargs, routing_capture_setup
 from .engine_proc import (DeathWatch, engine_segments, freeze_heap, gc_paused, process_tree, remove_segments,
                           sweep_private_dirs, wait_gone)
 from .engine_setup import bound_cpus, configure_env, llm_kwargs
+from .lora_serving import lora_llm_kwargs
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -223,7 +224,8 @@ class VllmEngine:
             raise EngineError("reset_prefix_cache refused (requests still running)")
 
     def _llm_kwargs(self, path: Path) -> dict:
-        return {**llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic), **model_llm_kwargs(self.cfg, path)}
+        return {**llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic), **model_llm_kwargs(self.cfg, path),
+                **lora_llm_kwargs(self.cfg.lora)}
 
     def close(self) -> None:
         """No more work on the engine's thread (after the last `teardown`)."""
