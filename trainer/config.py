@@ -80,9 +80,15 @@ class LoRAConfig(StrictModel):
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1,
         description="The Hugging Face projections given adapters, as PEFT names them (the last part of the module's "
         "name), in every decoder layer.")
-    sync: Literal["merged"] = Field(
-        "merged", description="What each weight sync publishes: `merged`, the base with scaling x B A added to "
-        "each adapted weight (the engines reload or restart as without LoRA).")
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter", description="What each weight sync publishes: `adapter`, the adapter alone (megabytes), which the "
+        "engines serve on the base they loaded once through vLLM's LoRA support (rollout.sync_mode is then unused); "
+        "`merged`, the base with scaling x B A added to each adapted weight, which the engines reload or restart on "
+        "as without LoRA (no cost per generated token; vLLM's unmerged LoRA kernels cost some).")
+
+    @property
+    def syncs_adapter(self) -> bool:
+        return self.sync == "adapter"
 
     @property
     def scaling(self) -> float:

@@ -235,6 +235,10 @@ class TideConfig(StrictModel):
                 if self.agent is not None:
                     raise ValueError("rollout.weight_update in_flight with `agent:` is not built (a trajectory's "
                                      "turns are separate generate calls): use drain")
+                if self.trainer.lora is not None and self.trainer.lora.syncs_adapter:
+                    raise ValueError("rollout.weight_update in_flight with trainer.lora.sync adapter is not built "
+                                     "(the engines take new weights mid-generate, not a new adapter): use "
+                                     "trainer.lora.sync merged, or weight_update drain")
             if r.proximal == "loglinear" and self.trainer.loss != "grpo":
                 raise ValueError(f"rollout.proximal loglinear approximates decoupled PPO's proximal policy, loss "
                                  f"grpo's pi_old; loss {self.trainer.loss} takes the policy that sampled as its "

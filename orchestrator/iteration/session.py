@@ -43,7 +43,7 @@ from orchestrator.iteration.warmup import WARMUP_STOP_WINDOW, check_demonstratio
 from rollout.engine_proc import freeze_heap, pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
-from trainer.config import TrainerSpec
+from trainer.config import LoRAConfig, TrainerSpec
 
 if TYPE_CHECKING:
     from orchestrator.agents.agent_rollout import Agent
@@ -156,7 +156,8 @@ class Session:
 
             def launch_engines(dirs: list[str]) -> RolloutGroup:
                 engine = cfg.rollout.engine_config(cfg.iterations)
-                engine = engine.model_copy(update={"extra_env": placement.engine_env(engine.extra_env)})
+                engine = engine.model_copy(update={"extra_env": placement.engine_env(engine.extra_env),
+                                                   "lora": engine_lora(cfg.trainer.lora)})
                 group = RolloutGroup(dirs, engine, dtype=cfg.model.dtype,
                                      seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
                                      stop_token_ids=task.renderer.end_of_turn_ids(), placement=placement.engine)
@@ -168,7 +169,10 @@ class Session:
             # on the trainer's weights instead (a reload there would be a second start), and so does a run
             # whose engines get the weights through the transfer engine (their nodes need not see model_dir).
             # Colocated on GPUs the engines start on the trainer ranks' GPUs, known once the ranks run.
-            overlap = cfg.rollout.sync_mode == "reload" and not cfg.transfer.enabled and not placement.shares_gpus
+            # Engines serving trainer.lora's adapters start on the base too, and take each adapter in place.
+            adapters = cfg.trainer.lora is not None and cfg.trainer.lora.syncs_adapter
+            overlap = not placement.shares_gpus and (adapters or cfg.rollout.sync_mode == "reload"
+                                                     and not cfg.transfer.enabled)
             early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
@@ -267,7 +271,7 @@ class Session:
         directories = self.weights.staging_dirs(iteration, self.trainer.nodes)
         try:
             manifest = self.trainer.publish(self.weights.run, iteration, directories, p.shard_bytes,
-                                            p.writer_threads)
+                                            p.writer_threads, adapter=self._syncs_adapter)
         except OSError as e:
             full = shm_full_error(e, iteration, p.shm_root, p.keep_last)
             if full is None:
@@ -275,6 +279,11 @@ class Session:
             raise full from e
         self.weights.publish(manifest, directories)
         return manifest
+
+    @property
+    def _syncs_adapter(self) -> bool:
+        """trainer.lora.sync adapter: each publish is the adapter alone, which the engines serve on their base."""
+        return self.cfg.trainer.lora is not None and self.cfg.trainer.lora.syncs_adapter
 
     def adapter_counts(self) -> dict[str, float]:
         """With trainer.lora: the adapters' parameters, the base's, and their share (status.json, the console)."""
@@ -315,7 +324,8 @@ class Session:
         delivery and where the time went: `pull` (the transfer to the engines' nodes, with transfer.enabled),
         `verify` (checksums) and `load`, each the slowest engine's."""
         delivery = self.weights.pull(manifest)
-        loads = self.rollout.sync(delivery.manifests, self.cfg.rollout.sync_mode, restart_if_layout_differs=first)
+        mode = "adapter" if self._syncs_adapter else self.cfg.rollout.sync_mode
+        loads = self.rollout.sync(delivery.manifests, mode, restart_if_layout_differs=first)
         self.weights.gc(manifest.iteration)
         self.run.set_status(engine_pids=self.rollout.engine_pids())
         parts = {"pull": delivery.seconds} if self.cfg.transfer.enabled else {}
@@ -378,6 +388,14 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
         if not cfg.rollout.record_routing:
             raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
                               "to: rollout.record_routing true")
+    if (lora := engine_lora(cfg.trainer.lora)) is not None:
+        from rollout.engine_errors import EngineError
+        from rollout.lora_serving import check_servable
+
+        try:
+            check_servable(lora, cfg.rollout.device, hf_config.to_dict())
+        except (EngineError, ValueError) as e:
+            raise ConfigError(f"trainer.lora.sync adapter: {e}") from None
     if is_moe(hf_config) and cfg.rollout.device == "cpu" and cfg.rollout.sync_mode == "reload":
         # measured: log-prob gap 0.38 (Qwen3-MoE) and 5.9 (Mixtral) after an in-place reload, 1e-7 after a restart
         raise ConfigError(f"rollout.sync_mode 'reload' with a mixture-of-experts model ({hf_config.model_type}) on "
@@ -427,3 +445,12 @@ class _StartupClock:
 
     def records(self, iteration: int) -> list[PhaseRecord]:
         return [PhaseRecord(iteration, name, start, seconds) for name, start, seconds in self._done]
+
+
+def engine_lora(lora: LoRAConfig | None):
+    """What the engines need to serve trainer.lora's adapters (None unless trainer.lora.sync is adapter)."""
+    if lora is None or not lora.syncs_adapter:
+        return None
+    from rollout.config import EngineLoRAConfig
+
+    return EngineLoRAConfig(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules)
