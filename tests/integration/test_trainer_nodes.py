@@ -214,8 +214,13 @@ from trainer.config import ParallelConfig, TrainerConfig
 ray.init(address=sys.argv[1], namespace="placement-check")
 trainer = TrainerConfig(device="cuda", backend="nccl", parallel=ParallelConfig(dp=2, pp=2))
 p = Placement.reserve(trainer, RolloutConfig(), trainer_nodes=2)
-where = ray.remote(lambda: (ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()))
-at = ray.get([where.options(num_gpus=1, num_cpus=0, **p.trainer_rank(i)).remote() for i in range(4)], timeout=120)
+# actors, as the ranks are: each holds its GPU while the others are placed (a task's GPU is free again once it ends)
+@ray.remote
+class Rank:
+    def where(self):
+        return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
+ranks = [Rank.options(num_gpus=1, num_cpus=0, **p.trainer_rank(i)).remote() for i in range(4)]
+at = ray.get([r.where.remote() for r in ranks], timeout=120)
 print(json.dumps({"at": at, "agents": len(p.agents(1, sorted({n for n, _ in at})).sources)}))
 """
 
