@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import torch
 
 from .convert.common import HFTensor
-from .manifest import Manifest
+from .manifest import ADAPTER_SUFFIXES, Manifest
 
 ADAPTER_FILE, CONFIG_FILE = "adapter_model.safetensors", "adapter_config.json"
 
@@ -29,7 +29,7 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, target_modules: l
 
 def targets_of(names: list[str]) -> list[str]:
     """The projections (PEFT target names) that adapter tensor names cover."""
-    return sorted({n.removesuffix(".lora_A.weight").removesuffix(".lora_B.weight").rsplit(".", 1)[1]
+    return sorted({n.removesuffix(ADAPTER_SUFFIXES[0]).removesuffix(ADAPTER_SUFFIXES[1]).rsplit(".", 1)[1]
                    for n in names})
 
 
@@ -44,22 +44,14 @@ def write_peft_adapter(manifest: Manifest, out_dir: str | Path, config: dict[str
 def merge_records(records: Iterable[HFTensor]) -> dict[str, torch.Tensor]:
     """Whole tensors from the ranks' records of an adapter (the trainer's `adapter_tensors`): tensor-parallel
     shards concatenated along their split, in rank order. Raises ResliceError when a shard is missing."""
-    from .reslice import ResliceError
+    from .reslice import merge_shards
 
-    shards: dict[str, dict[int, HFTensor]] = defaultdict(dict)
+    parts: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+    splits: dict[str, tuple[int | None, int]] = {}
     for r in records:
-        shards[r.name][r.tp_rank] = r
-    out = {}
-    for name, by_rank in sorted(shards.items()):
-        first = next(iter(by_rank.values()))
-        if first.tp_dim is None:
-            out[name] = first.value()
-            continue
-        missing = sorted(set(range(first.tp_size)) - set(by_rank))
-        if missing:
-            raise ResliceError(f"{name}: TP shards {missing} of {first.tp_size} are missing")
-        out[name] = torch.cat([by_rank[k].value() for k in range(first.tp_size)], dim=first.tp_dim)
-    return out
+        parts[r.name][r.tp_rank] = r.value()
+        splits[r.name] = (r.tp_dim, r.tp_size)
+    return merge_shards(dict(sorted(parts.items())), splits, "the trainer's adapter")
 
 
 def write_peft_dir(tensors: dict[str, torch.Tensor], out_dir: str | Path, config: dict[str, Any],
@@ -67,7 +59,7 @@ def write_peft_dir(tensors: dict[str, torch.Tensor], out_dir: str | Path, config
     """`out_dir` as a PEFT adapter directory of these whole adapter tensors (PEFT names)."""
     from safetensors.torch import save_file
 
-    bad = sorted(n for n in tensors if not n.endswith((".lora_A.weight", ".lora_B.weight")))
+    bad = sorted(n for n in tensors if not n.endswith(ADAPTER_SUFFIXES))
     if bad or not tensors:
         raise ValueError(f"{source}: not a LoRA adapter ({bad[:3] or 'no tensors'})")
     out_dir = Path(out_dir)

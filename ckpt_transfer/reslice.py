@@ -40,16 +40,23 @@ def merged_tensors(manifest: Manifest, directory: str | Path | None = None) -> d
             for rec in shard.tensors:
                 parts[rec.name][rec.tp_rank] = f.get_tensor(rec.name)
                 meta[rec.name] = rec
+    return merge_shards(parts, {name: (rec.tp_dim, rec.tp_size) for name, rec in meta.items()}, "the manifest")
+
+
+def merge_shards(parts: dict[str, dict[int, torch.Tensor]], splits: dict[str, tuple[int | None, int]],
+                 source: str) -> dict[str, torch.Tensor]:
+    """Whole tensors from their TP shards ({name: {tp_rank: shard}}, split as {name: (tp_dim, tp_size)}; tp_dim
+    None: whole already, rank 0's copy), concatenated in rank order; ResliceError names a missing shard."""
     out = {}
     for name, by_rank in parts.items():
-        rec = meta[name]
-        if rec.tp_dim is None:
+        tp_dim, tp_size = splits[name]
+        if tp_dim is None:
             out[name] = by_rank[0]
             continue
-        missing = sorted(set(range(rec.tp_size)) - set(by_rank))
+        missing = sorted(set(range(tp_size)) - set(by_rank))
         if missing:
-            raise ResliceError(f"{name}: TP shards {missing} of {rec.tp_size} are missing from the manifest")
-        out[name] = torch.cat([by_rank[r] for r in range(rec.tp_size)], dim=rec.tp_dim)
+            raise ResliceError(f"{name}: TP shards {missing} of {tp_size} are missing from {source}")
+        out[name] = torch.cat([by_rank[r] for r in range(tp_size)], dim=tp_dim)
     return out
 
 
