@@ -257,6 +257,10 @@ class TrainerGroup:
     def load_checkpoint(self, path: str) -> None:
         self._all("load_checkpoint", path)
 
+    def load_model(self, path: str) -> None:
+        """The policy's parameters only (no optimizer state), from a checkpoint of any layout."""
+        self._all("load_model", path)
+
     def parameter_digests(self) -> list[str]:
         return self._all("parameter_digest")
 

@@ -129,6 +129,7 @@ class Adapter(nn.Module):
         self.tp_group = base.tp_group
         self.tp = self.tp_group.size() if self.tp_group is not None else 1
         self.sequence_parallel = bool(getattr(base, "sequence_parallel", False))
+        self.expert = bool(getattr(base, "is_expert", False))  # one expert's linear (SequentialMLP)
         if getattr(base, "explicit_expert_comm", False) and self.tp > 1:
             raise LoRAError("LoRA on experts split by expert tensor parallelism is not implemented: their "
                             "outputs are partial sums reduced by the token dispatcher")
@@ -148,6 +149,8 @@ class Adapter(nn.Module):
             self.a.append(nn.Parameter(a.to(dtype).contiguous()))
         for p in self.b if not self.column else ():
             p.sequence_parallel = self.sequence_parallel  # finalize_model_grads sums its partial gradients
+        for p in (*self.a, *self.b):  # an expert's: reduced over its expert-data-parallel group, as its weight is
+            p.allreduce = getattr(base.weight, "allreduce", True)
         if self.tp > 1:  # the split parameters: Megatron counts each shard once in the gradient norm
             from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
@@ -276,11 +279,12 @@ def merged_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def peft_tensors(module: nn.Module, layout: RankLayout) -> Iterator[HFTensor]:
     """This rank's adapter as PEFT names them (`base_model.model.<module>.lora_A.weight` [r, in] and `lora_B`
     [out, r]), each a tensor-parallel shard along the base's split or whole (written by tensor-parallel rank 0, as
-    replicated weights are); data-parallel replicas yield only on the first, as the converter does."""
-    if not layout.writes_dense:
-        return
+    replicated weights are); data-parallel replicas yield only on the first (experts' adapters: on the first
+    expert-data-parallel replica), as the converter does."""
     lead = layout.tp_rank == 0
     for _, adapter in adapters(module):
+        if not (layout.writes_experts if adapter.expert else layout.writes_dense):
+            continue
         for part, a, b in zip(adapter.parts, adapter.a, adapter.b):
             stem = f"base_model.model.{part.hf_module}"
             a, b = a.detach(), b.detach()

@@ -30,14 +30,13 @@ def publish(rank: MegatronRank, out_dir: str, node: str, shard_bytes: int, write
     dense_part, expert_part = layout.replica_parts()
     # with adapters, the model published is the base with each adapter merged into its weight
     params = list(lora.merged_parameters(rank.module) if rank.spec.trainer.lora else rank.module.named_parameters())
+    def stream_of(part):  # the adapter alone, or the (merged) model
+        return lora.peft_tensors(rank.module, part) if adapter else convert(params, rank.hf_config, part)
+
     with native_torch():  # views only: no device rewriting needed
-        if adapter:
-            stream = replica_share(list(lora.peft_tensors(rank.module, dense_part)), layout.dp_rank, layout.dp_size)
-        else:
-            stream = replica_share(list(convert(params, rank.hf_config, dense_part)), layout.dp_rank, layout.dp_size)
-        if rank.config.num_moe_experts and not adapter:
-            stream += replica_share(list(convert(params, rank.hf_config, expert_part)),
-                                    layout.expert_dp_rank, layout.expert_dp_size)
+        stream = replica_share(list(stream_of(dense_part)), layout.dp_rank, layout.dp_size)
+        if rank.config.num_moe_experts:
+            stream += replica_share(list(stream_of(expert_part)), layout.expert_dp_rank, layout.expert_dp_size)
     if not stream:
         return {"shards": [], "aux_files": aux}
     prefix = f"{'adapter' if adapter else 'model'}-tp{layout.tp_rank:02d}-pp{layout.pp_rank:02d}-ep{layout.ep_rank:02d}"
