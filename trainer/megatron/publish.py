@@ -28,8 +28,11 @@ def publish(rank: MegatronRank, out_dir: str, node: str, shard_bytes: int, write
     aux = copy_aux_files(rank.spec.hf_dir, out_dir) if rank.rank == 0 and not adapter else []
     convert = family(rank.hf_config).megatron_to_hf
     dense_part, expert_part = layout.replica_parts()
-    # with adapters, the model published is the base with each adapter merged into its weight
-    params = list(lora.merged_parameters(rank.module) if rank.spec.trainer.lora else rank.module.named_parameters())
+    # with adapters, the model published is the base with each adapter merged into its weight (computed only for
+    # that publish: merging every adapted weight was 0.23 s of an adapter publish's 0.26 s at ~100M)
+    params = [] if adapter else \
+        list(lora.merged_parameters(rank.module) if rank.spec.trainer.lora else rank.module.named_parameters())
+
     def stream_of(part):  # the adapter alone, or the (merged) model
         return lora.peft_tensors(rank.module, part) if adapter else convert(params, rank.hf_config, part)
 
