@@ -1,0 +1,183 @@
+"""LoRA (issue 63): what adapter-only weight sync saves, what serving an unmerged adapter costs, and a LoRA RL
+iteration against full fine-tuning's.
+
+    .venv/bin/python scripts/bench_lora.py [--quick]     writes bench_results/lora.json
+
+One process, one Megatron-core rank training rank-16 adapters (alpha 32, PEFT's seven projections) on the
+~100M-parameter Qwen2 model of bench_rollout.py (--quick: ~25M), two vLLM engines on the same base:
+- **sync** (the goal): seconds from the trainer's weights to an engine generating on them. Contender:
+  `trainer.lora.sync: adapter`, the adapter alone published (PEFT names, /dev/shm) and served through vLLM's LoRA
+  support (a new adapter id each time, the previous one removed). Baseline: what full fine-tuning and `sync: merged`
+  do, the whole model published (the adapters merged in) and reloaded into the running engine (`sync_mode:
+  reload`, tide's fastest full-model sync: bench_sync.py). Both include verification of the published files.
+  Alternating, each repeat publishing a new iteration; the run's GC of old iterations untimed, as in the loop.
+- **generation** (reported, no goal): generated tokens/s of the engine serving the adapter unmerged against the
+  engine serving the merged weights, same prompts, samples and seeds, alternating: the per-token cost of serving
+  an adapter (vLLM's punica kernels on CPU), which `sync: merged` avoids.
+- **RL iteration** (reported, no goal): median seconds of a `tide run` iteration of the LoRA job against the same
+  job fully fine-tuned, each as users start it, alternating runs.
+
+Goal (full mode, ~100M): adapter sync >= 5x faster than the full-model reload (baseline seconds / contender
+seconds). Not yet here: TRL's GRPOTrainer with a PEFT LoraConfig, time to the job's reward threshold.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import ROOT, Report, alternate, bench_arguments, repeats_for  # noqa: E402
+from bench_rollout import build_model  # noqa: E402
+
+SYNC_TARGET = 5.0
+RANK, ALPHA = 16, 32.0
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SHARD_BYTES = 512 << 20
+
+
+def sync_and_generation(report: Report, quick: bool, repeats: int) -> None:
+    import ray
+
+    from ckpt_transfer.config import PublishConfig
+    from ckpt_transfer.gc import gc_iterations
+    from orchestrator.workers.trainer_group import TrainerGroup
+    from rollout.config import EngineConfig, EngineLoRAConfig
+    from rollout.engine import RolloutEngine
+    from rollout.tasks import AdditionTask
+    from trainer.batch import TrainBatch, TrainSequence
+    from trainer.config import LoRAConfig, TrainerConfig, TrainerSpec
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_lora_"))
+    shm = Path(tempfile.mkdtemp(prefix="bench_lora_", dir="/dev/shm"))
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    group = adapter_engine = full_engine = None
+    try:
+        model_dir = build_model(tmp, quick)
+        lora = LoRAConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS)
+        group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(lora=lora, lr=1e-4)))
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        seqs = [TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id])
+                for p, a in AdditionTask(4).sft_examples(0, 16)]
+        for _ in range(2):  # B is zero at the start: trained adapters, as a sync carries them
+            group.train_step(TrainBatch(seqs), mode="sft", lr=1e-3)
+
+        keep_last = PublishConfig().keep_last
+        iteration = [0]
+
+        def publish(adapter: bool):
+            iteration[0] += 1
+            return group.publish("bench", iteration[0], str(shm / f"{iteration[0]:07d}"), SHARD_BYTES,
+                                 adapter=adapter)
+
+        lora_cfg = EngineLoRAConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS)
+        adapter_engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=0.5, lora=lora_cfg), seed=0)
+        full_engine = RolloutEngine(str(model_dir), EngineConfig(kv_cache_gb=0.5), seed=0)
+        sizes = {}
+
+        def sync_seconds(adapter: bool) -> float:
+            t0 = time.perf_counter()
+            manifest = publish(adapter)
+            (adapter_engine if adapter else full_engine).sync(manifest, "adapter" if adapter else "reload")
+            seconds = time.perf_counter() - t0
+            sizes["adapter" if adapter else "model"] = manifest.nbytes
+            gc_iterations(shm, keep_last)  # untimed, as in the loop
+            return seconds
+
+        sync_seconds(True), sync_seconds(False)  # warm-up: first conversion and first adapter slot
+        a, b = alternate(lambda: sync_seconds(True), lambda: sync_seconds(False), repeats)
+        row = report.add("sync", "adapter alone: publish + vLLM LoRA load (sync: adapter)",
+                         "whole model, adapters merged: publish + in-place reload (sync: merged / full fine-tuning)",
+                         "seconds", a, b, higher_is_better=False, adapter_bytes=sizes["adapter"],
+                         model_bytes=sizes["model"], rank=RANK)
+        if not quick:  # the issue's goal is on the ~100M model; --quick's ~25M one is reported only
+            report.goal("adapter sync speed-up vs full-model reload (~100M)", 1.0 / row["ratio"], SYNC_TARGET,
+                        row=row)
+        print(f"sync: adapter {row['contender_median']:.3f} s ({sizes['adapter'] / 1e6:.1f} MB), "
+              f"full reload {row['baseline_median']:.3f} s ({sizes['model'] / 1e6:.0f} MB)", flush=True)
+
+        # both engines now serve the same weights: the adapter unmerged, and merged into the base
+        manifest = publish(True)
+        adapter_engine.sync(manifest, "adapter")
+        full_engine.sync(publish(False), "reload")
+        # unmerged on CPU, a ~100M engine generates ~100 tokens/s: 16 x 4 x 32 tokens keep a sample under a minute
+        problems = AdditionTask(4).problems(seed=0, iteration=1, n=16)
+        n_samples, max_new = 4, 32
+        seeds = iter(range(10_000))
+
+        def rate(engine) -> float:
+            seed = next(seeds)
+            t0 = time.perf_counter()
+            samples = engine.generate(problems, n_samples, max_new, 1.0, seed)
+            return sum(len(s.completion_ids) for s in samples.items) / (time.perf_counter() - t0)
+
+        rate(adapter_engine), rate(full_engine)
+        a, b = alternate(lambda: rate(adapter_engine), lambda: rate(full_engine), repeats)
+        report.add("generation", "adapter served unmerged (vLLM LoRA)", "the same weights merged (no LoRA)",
+                   "generated tokens/s", a, b, prompts=len(problems), samples_per_prompt=n_samples,
+                   max_new_tokens=max_new)
+    finally:
+        for closeable in (adapter_engine, full_engine, group):
+            if closeable is not None:
+                closeable.shutdown()
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def iteration_seconds(run_dir: Path) -> float:
+    """Median wall seconds of a run's iterations past the first: first phase start to last phase end, per
+    iteration (timings.jsonl)."""
+    spans: dict[int, list[float]] = {}
+    for line in (run_dir / "timings.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["iteration"] > 1:
+            span = spans.setdefault(r["iteration"], [r["start"], r["start"] + r["seconds"]])
+            span[0], span[1] = min(span[0], r["start"]), max(span[1], r["start"] + r["seconds"])
+    return statistics.median(end - start for start, end in spans.values())
+
+
+def rl_iterations(report: Report, quick: bool, repeats: int) -> None:
+    base = yaml.safe_load((ROOT / "configs" / "lora.yaml").read_text())
+    base.update(iterations=6 if quick else 12, save_every=100)
+    full = json.loads(json.dumps(base))
+    full["trainer"].pop("lora")
+    full["trainer"].update(lr=1.0e-3, warmup_sft_lr=3.0e-3)  # the quickstart's rates
+    with tempfile.TemporaryDirectory(prefix="bench_lora_runs_") as tmp:
+        def run(cfg: dict, name: str) -> float:
+            work = Path(tmp) / f"{name}-{time.monotonic_ns()}"
+            work.mkdir()
+            path = work / "job.yaml"
+            path.write_text(yaml.safe_dump({**cfg, "name": name}))
+            subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(path), "--run-dir",
+                            str(work / "run")], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            return iteration_seconds(work / "run")
+
+        a, b = alternate(lambda: run(base, "lora"), lambda: run(full, "full"), max(2, repeats // 2))
+    report.add("rl_iteration", "configs/lora.yaml (rank 16 adapters, sync: adapter)",
+               "the same job fully fine-tuned (sync_mode: reload)", "seconds per iteration", a, b,
+               higher_is_better=False)
+
+
+def main() -> None:
+    args = bench_arguments(__doc__).parse_args()
+    report = Report("lora", args.quick)
+    repeats = repeats_for(args.quick)
+    sync_and_generation(report, args.quick, repeats)
+    rl_iterations(report, args.quick, repeats)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
