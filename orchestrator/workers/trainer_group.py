@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import socket
 from collections.abc import Callable
@@ -13,13 +12,10 @@ import ray
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from orchestrator.config.schema import ConfigError
-from orchestrator.workers.cluster import kill_workers
-from orchestrator.workers.rollout_group import ACTOR_EXIT_TIMEOUT_S
-from rollout.engine_proc import freeze_heap, gc_paused, pin_threads, wait_gone
+from rollout.engine_proc import freeze_heap, gc_paused, pin_threads
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
-log = logging.getLogger(__name__)
 
 class _Rank:
     """Thin actor shell: the Megatron worker is built in `setup`, after rank 0 has chosen the rendezvous port."""
@@ -79,15 +75,9 @@ class _Rank:
         return manifest
 
     def exit(self) -> None:
-        """Run this process's atexit handlers, Ray's own aside, before the caller ends it with ray.kill: what
-        libraries clean up there is done (wandb, imported by Megatron where installed, leaves two directories in /tmp
-        otherwise) and Python's teardown is skipped. That teardown would find the start-up heap `setup` froze out of
-        the collector uncollected: triton's nanobind bindings then print ~60 lines of leaked instances and types
-        into the run's log, and a heap collected instead costs ~1.7 CPU-s per rank."""
-        import atexit
-
-        atexit.unregister(ray._private.worker.shutdown)  # the actor ends by ray.kill, not by disconnecting
-        atexit._run_exitfuncs()
+        """End this process as Python ends, atexit handlers included: ray.kill skips them, and what libraries
+        clean up there stays behind (wandb, imported by Megatron where installed, leaves two directories in /tmp)."""
+        ray.actor.exit_actor()
 
 
 def check_routing_replay(spec: TrainerSpec) -> None:
@@ -131,10 +121,10 @@ class RankPool:
 
 
 def _end(rank) -> None:
-    """End a rank's process: its atexit handlers first (_Rank.exit), then ray.kill, which does not wait."""
+    """End a rank's process as Python ends (atexit handlers run: _Rank.exit), killing one that does not answer."""
     try:
         ray.get(rank.exit.remote(), timeout=30)
-    except ray.exceptions.RayActorError:  # dead already
+    except ray.exceptions.RayActorError:  # it exits as asked, or was dead already
         return
     except Exception:  # noqa: BLE001  (it does not answer: killed below)
         pass
@@ -285,12 +275,8 @@ class TrainerGroup:
                 self._pool.give_back(self.ranks)
             self.ranks = []
             return
-        here = ray.get_runtime_context().get_node_id()
-        local = []  # the ranks' processes on this node, which must not outlive the trainer
         for r in self.ranks:
             try:
-                pid, (_, node) = ray.get([r.pid.remote(), r.node.remote()], timeout=10)
-                local += [pid] if node == here else []
                 ray.get(r.call.remote("shutdown"), timeout=30)
             except ray.exceptions.RayActorError:  # dead already
                 continue
@@ -299,10 +285,6 @@ class TrainerGroup:
                 continue
             _end(r)
         self.ranks = []
-        if alive := wait_gone(local, ACTOR_EXIT_TIMEOUT_S):
-            log.warning("trainer rank process(es) %s still alive %.0f s after ray.kill: SIGKILL", alive,
-                        ACTOR_EXIT_TIMEOUT_S)
-            kill_workers(alive)
 
     def offload(self) -> dict[str, float]:
         """Every rank's parameters, gradients and optimizer state out of device memory (the hybrid deployment,
