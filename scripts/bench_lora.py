@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, Report, alternate, bench_arguments, repeats_for  # noqa: E402
 from bench_rollout import build_model  # noqa: E402
+from bench_sample_efficiency import tide_run  # noqa: E402
 
 SYNC_TARGET = 5.0
 RANK, ALPHA = 16, 32.0
@@ -47,6 +47,7 @@ SHARD_BYTES = 512 << 20
 
 def sync_and_generation(report: Report, quick: bool, repeats: int) -> None:
     import ray
+    from transformers import AutoTokenizer
 
     from ckpt_transfer.config import PublishConfig
     from ckpt_transfer.gc import gc_iterations
@@ -65,8 +66,6 @@ def sync_and_generation(report: Report, quick: bool, repeats: int) -> None:
         model_dir = build_model(tmp, quick)
         lora = LoRAConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS)
         group = TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=TrainerConfig(lora=lora, lr=1e-4)))
-        from transformers import AutoTokenizer
-
         tok = AutoTokenizer.from_pretrained(model_dir)
         seqs = [TrainSequence(tok(p).input_ids, tok(a).input_ids + [tok.eos_token_id])
                 for p, a in AdditionTask(4).sft_examples(0, 16)]
@@ -107,11 +106,9 @@ def sync_and_generation(report: Report, quick: bool, repeats: int) -> None:
         print(f"sync: adapter {row['contender_median']:.3f} s ({sizes['adapter'] / 1e6:.1f} MB), "
               f"full reload {row['baseline_median']:.3f} s ({sizes['model'] / 1e6:.0f} MB)", flush=True)
 
-        # both engines now serve the same weights: the adapter unmerged, and merged into the base
-        manifest = publish(True)
-        adapter_engine.sync(manifest, "adapter")
-        full_engine.sync(publish(False), "reload")
-        # unmerged on CPU, a ~100M engine generates ~100 tokens/s: 16 x 4 x 32 tokens keep a sample under a minute
+        # the syncs above left both engines on the trainer's current weights: the adapter unmerged, and merged
+        # into the base. Unmerged on CPU a ~100M engine generates ~140 tokens/s: 16 x 4 x 32 tokens keep a sample
+        # under a minute
         problems = AdditionTask(4).problems(seed=0, iteration=1, n=16)
         n_samples, max_new = 4, 32
         seeds = iter(range(10_000))
@@ -137,15 +134,13 @@ def sync_and_generation(report: Report, quick: bool, repeats: int) -> None:
 
 
 def iteration_seconds(run_dir: Path) -> float:
-    """Median wall seconds of a run's iterations past the first: first phase start to last phase end, per
-    iteration (timings.jsonl)."""
-    spans: dict[int, list[float]] = {}
-    for line in (run_dir / "timings.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["iteration"] > 1:
-            span = spans.setdefault(r["iteration"], [r["start"], r["start"] + r["seconds"]])
-            span[0], span[1] = min(span[0], r["start"]), max(span[1], r["start"] + r["seconds"])
-    return statistics.median(end - start for start, end in spans.values())
+    """Median wall seconds of a run's iterations past the first, as `tide inspect` spans them (the end of one
+    iteration to the end of the next)."""
+    from orchestrator.records.rundir import read_jsonl
+    from orchestrator.run.wall_time import iteration_windows
+
+    windows = iteration_windows(read_jsonl(run_dir / "timings.jsonl"))
+    return statistics.median(end - start for it, (start, end) in windows.items() if it > 1)
 
 
 def rl_iterations(report: Report, quick: bool, repeats: int) -> None:
@@ -156,13 +151,7 @@ def rl_iterations(report: Report, quick: bool, repeats: int) -> None:
     full["trainer"].update(lr=1.0e-3, warmup_sft_lr=3.0e-3)  # the quickstart's rates
     with tempfile.TemporaryDirectory(prefix="bench_lora_runs_") as tmp:
         def run(cfg: dict, name: str) -> float:
-            work = Path(tmp) / f"{name}-{time.monotonic_ns()}"
-            work.mkdir()
-            path = work / "job.yaml"
-            path.write_text(yaml.safe_dump({**cfg, "name": name}))
-            subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(path), "--run-dir",
-                            str(work / "run")], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-            return iteration_seconds(work / "run")
+            return iteration_seconds(tide_run({**cfg, "name": name}, Path(tmp) / f"{name}-{time.monotonic_ns()}"))
 
         a, b = alternate(lambda: run(base, "lora"), lambda: run(full, "full"), max(2, repeats // 2))
     report.add("rl_iteration", "configs/lora.yaml (rank 16 adapters, sync: adapter)",
