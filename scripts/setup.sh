@@ -46,19 +46,37 @@ generated_data() {
 
 if [ -f "$STAMP" ]; then generated_data; log "up to date ($VENV)"; exit 0; fi
 
-# libibverbs1: Mooncake's transfer engine links it even for TCP. crun/runc/bubblewrap: code sandbox.
-apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static iproute2
-# The sandbox's languages beyond python3, gcc/g++, node, java and bash: MultiPL-E's that Debian packages, and
-# TypeScript's compiler from the npm registry under /usr/local (containers of the host image see /usr).
-apt_install golang-go rustc ruby php-cli lua5.4 r-base-core
-# Jupyter mode's kernel (and matplotlib for image/png output), for the host image's python3.
-APT_OPTS=--no-install-recommends apt_install python3-ipykernel python3-jupyter-client python3-matplotlib
-if [ "$(id -u)" = 0 ] && command -v npm >/dev/null && ! tsc --version 2>/dev/null | grep -q "5.9.3"; then
-  log "typescript 5.9.3 (npm)"
-  npm install -g --silent --no-fund --no-audit typescript@5.9.3 >/dev/null
-fi
+system_packages() {
+  # libibverbs1: Mooncake's transfer engine links it even for TCP. crun/runc/bubblewrap: code sandbox.
+  apt_install libibverbs1 ibverbs-providers crun runc bubblewrap busybox-static iproute2
+  # The sandbox's languages beyond python3, gcc/g++, node, java and bash: MultiPL-E's that Debian packages, and
+  # TypeScript's compiler from the npm registry under /usr/local (containers of the host image see /usr).
+  apt_install golang-go rustc ruby php-cli lua5.4 r-base-core
+  # Jupyter mode's kernel (and matplotlib for image/png output), for the host image's python3.
+  APT_OPTS=--no-install-recommends apt_install python3-ipykernel python3-jupyter-client python3-matplotlib
+  if [ "$(id -u)" = 0 ] && command -v npm >/dev/null && ! tsc --version 2>/dev/null | grep -q "5.9.3"; then
+    log "typescript 5.9.3 (npm)"
+    npm install -g --silent --no-fund --no-audit typescript@5.9.3 >/dev/null
+  fi
+}
 
 [ "$PY" != /usr/bin/python3.11 ] || apt_install python3.11-venv  # Debian's `-m venv` needs it (ensurepip)
+# The Debian and npm packages install beside the Python ones (one waits on the network and dpkg, the other on
+# pip): on a fresh machine that is most of the shorter of the two off the set-up. Its output goes to a file,
+# shown if it fails; the import check below (Mooncake links libibverbs) waits for it.
+SYSTEM_LOG=$(mktemp -t tide-setup-system.XXXXXX)
+system_packages >"$SYSTEM_LOG" 2>&1 &
+SYSTEM_PID=$!
+wait_system_packages() {
+  local rc=0
+  wait "$SYSTEM_PID" || rc=$?
+  cat "$SYSTEM_LOG"
+  rm -f "$SYSTEM_LOG"
+  if [ "$rc" != 0 ]; then log "Debian/npm packages failed (exit $rc): output above"; exit "$rc"; fi
+}
+# A failure on the Python side still lets apt finish: dpkg killed mid-install leaves the machine needing
+# `dpkg --configure -a`.
+trap 'wait "$SYSTEM_PID" 2>/dev/null || true' EXIT
 # A venv made from another interpreter is made again (pyvenv.cfg names the one it was made from).
 want=$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')
 have=$(sed -n 's/^executable = //p' "$VENV/pyvenv.cfg" 2>/dev/null || true)
@@ -89,6 +107,8 @@ log "tide and the rest of its pinned dependencies ($DEVICE)"
 "${PIP[@]}" -e ".[dev,jax,sandbox,$DEVICE]"
 [ "$DEVICE" = cuda ] || "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
+wait_system_packages
+trap - EXIT
 log "checking imports"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, megatron.core, ray, transformers
