@@ -160,6 +160,8 @@ class TrainerLayout:
     sequence_parallel: bool = False
     reference: bool = False  # trainer.kl: a frozen copy of the weights
     device: Literal["cpu", "cuda"] = "cpu"
+    lora_rank: int = 0  # trainer.lora: adapters of this rank on `lora_targets` (PEFT's names); 0: no LoRA
+    lora_targets: tuple[str, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -199,6 +201,56 @@ def rank_parameters(shape: ModelShape, layout: TrainerLayout) -> int:
     per_stage_layers = dense - embedding * (1 if shape.tied_embeddings else 2)
     stage = per_stage_layers / layout.pp + embedding * (1 if shape.tied_embeddings or layout.pp > 1 else 2)
     return math.ceil(stage / layout.tp + experts / (layout.pp * layout.ep * layout.tp))
+
+
+# LoRA targets by PEFT's name: (input width, output width, column-parallel, where) of the projection, from a
+# shape. Column-parallel linears split their output over tp (their B is split, A whole), row-parallel ones their
+# input (A split, B whole); "dense" projections are in every layer (attention) or every dense layer's MLP and
+# the shared experts', "expert" ones in every routed expert. Mixtral names its experts' w1 (gate), w3 (up), w2.
+LORA_PROJECTIONS = {
+    "q_proj": lambda s: (s.hidden, s.q_width, True),
+    "k_proj": lambda s: (s.hidden, s.kv_heads * s.head_dim, True),
+    "v_proj": lambda s: (s.hidden, s.kv_heads * s.head_dim, True),
+    "o_proj": lambda s: (s.out_width, s.hidden, False),
+    "q_a_proj": lambda s: (s.hidden, s.mla_q_rank, True),
+    "q_b_proj": lambda s: (s.mla_q_rank, s.q_width, True),
+    "kv_a_proj_with_mqa": lambda s: (s.hidden, s.mla_kv_rank + s.mla_rope_dim, True),
+    "kv_b_proj": lambda s: (s.mla_kv_rank, s.heads * (s.head_dim - s.mla_rope_dim + s.mla_v_dim), True),
+}
+LORA_MLP = {"gate_proj": (True, True), "up_proj": (True, True), "down_proj": (False, True),
+            "w1": (True, False), "w3": (True, False), "w2": (False, False)}  # (column-parallel, dense MLPs too)
+
+
+def lora_parameters(shape: ModelShape, layout: TrainerLayout) -> int:
+    """The adapters' parameters on the busiest rank (trainer.lora: r x (input + output) per adapted projection,
+    each factor split as its linear is), dense ones over tp and pp, experts' over ep, tp and pp. A target the
+    planner does not know is a ValueError naming it."""
+    r, tp = layout.lora_rank, layout.tp
+
+    def adapter(inp: int, out: int, column: bool) -> float:
+        return r * (inp + out / tp) if column else r * (inp / tp + out)
+
+    unknown = sorted(set(layout.lora_targets) - set(LORA_PROJECTIONS) - set(LORA_MLP))
+    if unknown:
+        raise ValueError(f"trainer.lora.target_modules {unknown}: the memory planner counts adapters on "
+                         f"{', '.join([*LORA_PROJECTIONS, *LORA_MLP])}")
+    dense = experts = 0.0
+    for name in layout.lora_targets:
+        if name in LORA_PROJECTIONS:
+            dense += shape.layers * adapter(*LORA_PROJECTIONS[name](shape))
+            continue
+        column, in_dense_mlps = LORA_MLP[name]
+        for ffn, count, routed in ((shape.ffn, shape.layers - shape.moe_layers, False),
+                                   (shape.shared_ffn, shape.moe_layers, False),
+                                   (shape.moe_ffn, shape.moe_layers * shape.experts, True)):
+            if not ffn or not count or (not routed and not in_dense_mlps):
+                continue
+            size = count * adapter(*((shape.hidden, ffn) if column else (ffn, shape.hidden)), column)
+            if routed:
+                experts += size
+            else:
+                dense += size
+    return math.ceil(dense / layout.pp + experts / (layout.pp * layout.ep))
 
 
 def saved_per_token(shape: ModelShape, layout: TrainerLayout, moe: bool) -> float:
@@ -292,14 +344,19 @@ def rank_memory(shape: ModelShape, layout: TrainerLayout) -> RankMemory:
     12 bytes per parameter), sharded over the data-parallel ranks by the distributed optimizer."""
     params = rank_parameters(shape, layout)
     width = DTYPE_BYTES[layout.dtype]
-    optimizer = params * (8 if width == 4 else 12)
+    # trainer.lora: the base is frozen (no gradient buffer, no optimizer state, and the reference policy of
+    # trainer.kl is the base with the adapters off: no copy); the adapters alone train
+    adapters = lora_parameters(shape, layout) if layout.lora_rank else 0
+    trained = adapters if layout.lora_rank else params
+    optimizer = trained * (8 if width == 4 else 12)
     if layout.distributed_optimizer:
         optimizer = math.ceil(optimizer / layout.dp)
     logits, chunk = logits_bytes(shape, layout)
     by_recompute = {r: activation_bytes(shape, layout, r) for r in RECOMPUTES}
+    copies = 2 if layout.reference and not layout.lora_rank else 1
     m = RankMemory(
         baseline=CPU_RANK_BASELINE if layout.device == "cpu" else CUDA_RANK_BASELINE,
-        weights=params * width * (2 if layout.reference else 1), gradients=params * 4, optimizer=optimizer,
+        weights=(params * copies + adapters) * width, gradients=trained * 4, optimizer=optimizer,
         activations=by_recompute[layout.recompute], logits=logits, logprob_chunk=chunk,
         activations_by_recompute=by_recompute)
     return replace(m, allocator=math.ceil(m.tensors * CPU_ALLOCATOR_OVERHEAD)) if layout.device == "cpu" else m

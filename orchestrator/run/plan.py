@@ -144,7 +144,8 @@ def trainer_layout(cfg: TideConfig, shape: ModelShape, longest: int) -> TrainerL
     return TrainerLayout(rows=rows, seq_len=seq_len, dtype=cfg.model.dtype, dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep,
                          attention=t.attention, recompute=t.recompute, logprob_chunk=t.logprob_chunk,
                          distributed_optimizer=distributed, sequence_parallel=parts > 1,
-                         reference=t.kl.coef > 0, device=t.device)
+                         reference=t.kl.coef > 0, device=t.device, lora_rank=t.lora.rank if t.lora else 0,
+                         lora_targets=tuple(t.lora.target_modules) if t.lora else ())
 
 
 def engine_plan(cfg: TideConfig, shape: ModelShape, seq_tokens: int, gpu_bytes: int | None,

@@ -20,6 +20,9 @@ ARCHITECTURES = {
     "Qwen/Qwen2.5-7B-Instruct": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
                                      num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28,
                                      vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6),
+    "Qwen/Qwen2.5-14B-Instruct": dict(model_type="qwen2", hidden_size=5120, intermediate_size=13824,
+                                      num_attention_heads=40, num_key_value_heads=8, num_hidden_layers=48,
+                                      vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6),
     "mistralai/Mixtral-8x7B-Instruct-v0.1": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
                                                  num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
                                                  vocab_size=32000, max_position_embeddings=32768, rope_theta=1e6,
@@ -30,6 +33,8 @@ ARCHITECTURES = {
                                vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6),
 }
 GPUS_PER_NODE = 8
+# GPU memory (GiB) of the nodes a config's comment names, where not an 80 GB GPU (H200: ~139 GiB usable)
+GPU_MEMORY_GB = {"mixtral-8x7b-gsm8k.yaml": 139.0}
 
 
 def test_there_are_a_dense_and_a_moe_example():
@@ -70,3 +75,26 @@ def test_cluster_config_loads_and_fits_its_model(path, tmp_path):
     else:
         assert cfg.transfer.mooncake.local_host == "auto"
     assert r.max_new_tokens + r.max_prompt_tokens <= hf.max_position_embeddings
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_memory_planner_fits_each_example_on_its_gpus(path, tmp_path):
+    """`tide plan` on each example (its model's config.json written locally): every trainer rank and engine fits
+    the GPUs its comment names (the LoRA example only with the base frozen: no gradients or Adam state of its own,
+    and trainer.kl's reference the base itself)."""
+    from transformers import AutoConfig
+
+    from orchestrator.run.plan import plan
+
+    raw = yaml.safe_load(path.read_text())
+    row = '{"messages": [{"role": "user", "content": "1+1?"}], "answer": "2"}\n'
+    for name in ("path", "eval_path"):
+        (tmp_path / raw["task"][name]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / raw["task"][name]).write_text(row)
+    arch = dict(ARCHITECTURES[raw["model"]["path"]])
+    AutoConfig.for_model(arch.pop("model_type"), **arch).save_pretrained(tmp_path / "model")
+    (tmp_path / path.name).write_text(path.read_text())
+    cfg = load_config(tmp_path / path.name)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(tmp_path / "model")})})
+    report = plan(cfg, gpus_per_node=GPUS_PER_NODE, gpu_memory_gb=GPU_MEMORY_GB.get(path.name, 80.0))
+    assert report.fits, (report.problems, report.rank, report.engine)

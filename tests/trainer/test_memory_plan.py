@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+from dataclasses import replace
 import math
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 import yaml
 
 from rollout.memory_plan import CUDA_ENGINE_BASELINE, engine_memory
-from trainer.memory_plan import (CPU_ALLOCATOR_OVERHEAD, CPU_RANK_BASELINE, GiB, ModelShape, TrainerLayout, activation_bytes,
-                                 logits_bytes, rank_memory, rank_parameters)
+from trainer.memory_plan import (CPU_ALLOCATOR_OVERHEAD, CPU_RANK_BASELINE, GiB, ModelShape, TrainerLayout,
+                                 activation_bytes, logits_bytes, lora_parameters, rank_memory, rank_parameters)
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 layers, hidden 8, 2 heads of 4 (no GQA), a gated MLP of 16, vocabulary 32
@@ -103,6 +104,44 @@ def test_weights_gradients_and_adam():
     assert (bf16.weights, bf16.gradients, bf16.optimizer) == (2 * 2 * params, 4 * params, 6 * params)
     assert bf16.allocator == 0 and bf16.total == (bf16.baseline + bf16.weights + bf16.gradients + bf16.optimizer
                                                   + bf16.activations + bf16.logits + bf16.logprob_chunk)
+
+
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_lora_adapters_by_hand():
+    # rank 2 adapters hold 2 x (input + output) per projection: q, k, v, o 2 x (8 + 8) = 32 each, gate and up
+    # 2 x (8 + 16) = 48 each, down 2 x (16 + 8) = 48: 272 per layer, 544 for the two
+    lora = TrainerLayout(rows=2, seq_len=4, lora_rank=2, lora_targets=LORA_ALL)
+    assert lora_parameters(SMALL, lora) == 2 * (4 * 32 + 3 * 48) == 544
+    # tp 2 splits the column-parallel outputs (q, k, v, gate, up: B's rows) and the row-parallel inputs (o, down:
+    # A's columns): q, k, v, o 2 x (8 + 4) = 24, gate, up 2 x (8 + 8) = 32, down 2 x (8 + 8) = 32
+    assert lora_parameters(SMALL, replace(lora, tp=2)) == 2 * (4 * 24 + 3 * 32) == 384
+    assert lora_parameters(SMALL, replace(lora, pp=2)) == 272  # a stage's layer
+    # every routed expert of both MoE layers gets its own: 2 layers x 4 experts x 3 x 2 x (8 + 8), half per EP rank;
+    # Mixtral's names for the same projections count alike, and only experts when no dense MLP is left
+    moe = ModelShape(layers=2, hidden=8, ffn=16, heads=2, kv_heads=2, head_dim=4, vocab=32, experts=4, moe_layers=2,
+                     moe_ffn=8, top_k=2)
+    for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w2", "w3")):
+        assert lora_parameters(moe, replace(lora, lora_targets=names)) == 2 * 4 * 3 * 32 == 768
+        assert lora_parameters(moe, replace(lora, lora_targets=names, ep=2)) == 384
+    # o_proj on both layers whole (64) beside w1 of the rank's 2 experts of each layer (2 x 2 x 32)
+    assert lora_parameters(moe, replace(lora, lora_targets=("o_proj", "w1"), ep=2)) == 64 + 128
+    with pytest.raises(ValueError, match=r"\['gate_up_proj'\]"):
+        lora_parameters(moe, replace(lora, lora_targets=("gate_up_proj",)))
+
+
+def test_lora_trains_the_adapters_alone_over_a_frozen_base():
+    """The base keeps its weights only: gradients and Adam's state are the adapters', and trainer.kl's reference
+    is the base with the adapters off (no copy)."""
+    params = rank_parameters(SMALL, TWO_ROWS_OF_FOUR)
+    for dtype, adam in (("float32", 8), ("bfloat16", 12)):
+        lora = TrainerLayout(rows=2, seq_len=4, dtype=dtype, reference=True, lora_rank=2, lora_targets=LORA_ALL)
+        m = rank_memory(SMALL, lora)
+        width = 4 if dtype == "float32" else 2
+        assert (m.weights, m.gradients, m.optimizer) == ((params + 544) * width, 544 * 4, 544 * adam)
+        full = rank_memory(SMALL, replace(lora, lora_rank=0))
+        assert (full.weights, full.gradients) == (2 * params * width, params * 4)  # the reference's copy
 
 
 def test_parameters_split_over_tp_pp_and_ep():
