@@ -32,7 +32,13 @@ What runs, in this process, with this repository's own packages (no Ray, no vLLM
    serving on the same GPU meanwhile where vLLM is installed (`engine_beside_offloaded`), and the step after onload
    identical to a rank's without the round trip (`offload_round_trip_exact`); offload/onload GB/s. `--no-offload`
    skips it.
-4. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
+4. LoRA (scripts/gpu_check_lora.py, trainer.lora): per family of `--lora-families` (default qwen2, qwen3_moe), a
+   rank with adapters on every projection of a frozen base: bf16 steps lower the loss and leave every base
+   parameter bit for bit (`lora_loss_decreases`, `lora_base_frozen`); a float32 rank's adapter, written as
+   `tide export` writes it, gives the rank's logits through transformers + PEFT (`lora_peft_logits_fp32`); on cuda
+   with vLLM, an engine serving the bf16 adapter on the base gives the rank's log-probs within the bf16 gap bound
+   (`lora_engine_logprobs`). `--no-lora` skips it.
+5. The JAX engine (`trainer.jax.engine.Engine`) on configs/cartpole.yaml (PPO) and configs/pendulum_sac.yaml
    (SAC): compile time, then env steps per second over the timed chunks (after one untimed chunk), and finite
    metrics.
 
@@ -549,6 +555,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-offload", action="store_true", help="skip the offload step")
     ap.add_argument("--offload-families", default="qwen2,qwen3_moe",
                     help="comma-separated families of the offload step")
+    ap.add_argument("--no-lora", action="store_true", help="skip the LoRA step")
+    ap.add_argument("--lora-families", default="qwen2,qwen3_moe", help="comma-separated families of the LoRA step")
     ap.add_argument("--jax-num-envs", type=int, default=None,
                     help="parallel envs of both JAX runs (default: the configs' own, 4)")
     ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
@@ -594,7 +602,9 @@ def main(argv=None) -> int:
         args.families = known if args.families == "all" else args.families.split(",")
         args.long_families = args.long_families.split(",")
         args.offload_families = args.offload_families.split(",")
-        unknown = sorted((set(args.families) | set(args.long_families) | set(args.offload_families)) - set(known))
+        args.lora_families = args.lora_families.split(",")
+        unknown = sorted((set(args.families) | set(args.long_families) | set(args.offload_families)
+                          | set(args.lora_families)) - set(known))
         if unknown:
             print(f"unknown families {unknown}; known: {known}", file=sys.stderr)
             return 2
@@ -610,6 +620,10 @@ def main(argv=None) -> int:
                 from gpu_check_offload import run_offload
 
                 result["offload"] = run_offload(args, Path(work), checks, sys.modules[__name__])
+            if not args.no_lora:
+                from gpu_check_lora import run_lora
+
+                result["lora"] = run_lora(args, Path(work), checks, sys.modules[__name__])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if not args.no_jax:

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 WHEELS_DIR=.cache/gpu_check_wheels
 WHEELS=(megatron-core==0.19.2 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
         typing-inspection==0.4.5 gymnax==1.0.1 gymnasium==1.3.0 farama-notifications==0.0.6 flashbax==0.1.3
-        crc32c==2.9.post0 typing-extensions==4.16.0)
+        crc32c==2.9.post0 typing-extensions==4.16.0 peft==0.21.2 accelerate==1.16.0)
 PY=${PYTHON:-python3}
 
 if [[ "${1:-}" == "--download" ]]; then

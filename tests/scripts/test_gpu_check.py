@@ -123,6 +123,17 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
         assert {f"{fam}/offload_frees_memory", f"{fam}/offload_round_trip_exact"} <= {
             c["name"] for c in report["checks"] if c["ok"]}, fam
 
+    # the LoRA step (scripts/gpu_check_lora.py): the adapters learn over a base that stays bit for bit, and PEFT
+    # over the base gives the float32 rank's logits
+    lora = report["lora"]
+    assert sorted(lora) == ["qwen2", "qwen3_moe"]
+    for fam, rec in lora.items():
+        assert rec["losses_bf16"][-1] < rec["losses_bf16"][0], fam
+        assert rec["peft_fp32"]["max_abs_diff"] <= bounds["fp32_logits_abs"], fam
+        assert rec["engine"] == {"skipped": "device cpu"}, fam
+        assert {f"{fam}/lora_loss_decreases", f"{fam}/lora_base_frozen", f"{fam}/lora_peft_logits_fp32"} <= {
+            c["name"] for c in report["checks"] if c["ok"]}, fam
+
     jax = report["jax"]
     assert jax["backend"] == "cpu"
     for algo in ("ppo", "sac"):
@@ -136,13 +147,13 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
 
 
 def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_path):
-    """Two rows of one converted matrix swapped on the transformers side: the exact (fp32) logits check fails;
-    a resumed rank that never loaded the checkpoint: the resume check fails; the script exits 1 and names both;
-    what the faults do not touch still passes."""
+    """Two rows of one converted matrix swapped on the transformers side (and of one adapter's B on PEFT's): the
+    exact (fp32) logits checks fail; a resumed rank that never loaded the checkpoint: the resume check fails; the
+    script exits 1 and names them; what the faults do not touch still passes."""
     proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load",
-                        "--no-long", "--no-offload")
+                        "--no-long", "--no-offload", "--lora-families", "qwen2")
     assert proc.returncode == 1, proc.stdout[-4000:]
-    assert {"qwen2/logits_fp32", "qwen2/resume_exact"} <= set(report["failed"])
+    assert {"qwen2/logits_fp32", "qwen2/resume_exact", "qwen2/lora_peft_logits_fp32"} <= set(report["failed"])
     assert not report["ok"]
     last = proc.stdout.strip().splitlines()[-1]
     assert "FAILED" in last and "qwen2/logits_fp32" in last and "qwen2/resume_exact" in last
