@@ -291,7 +291,7 @@ class Session:
             return {}
         from safetensors import safe_open
 
-        trainable = sum(t.numel() for t in self.trainer.adapter().values())
+        trainable = self.trainer.adapter_parameters()
         base = 0
         for f in Path(self.trainer.spec.hf_dir).glob("*.safetensors"):
             with safe_open(str(f), "pt") as h:

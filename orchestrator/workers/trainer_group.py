@@ -235,6 +235,10 @@ class TrainerGroup:
 
         return merge_records(r for rank in self._all("adapter_tensors") for r in rank)
 
+    def adapter_parameters(self) -> int:
+        """The LoRA adapter's parameter count, from the ranks' own counts (no tensor leaves a rank)."""
+        return sum(self._all("adapter_parameters"))
+
     def published_bytes(self, manifest: Manifest) -> dict[str, int]:
         """`publish_bytes_node<j>`: the bytes of `manifest` that the trainer's node j (self.nodes) wrote and
         serves, every node listed (0 where it wrote none)."""

@@ -147,8 +147,10 @@ def test_a_parallel_layout_holds_and_trains_the_adapter_one_rank_does(rank_pool,
         step = group.train_step(TrainBatch(seqs), mode="sft", lr=2e-2)
         after = merged_tensors(group.publish("lora", 3, str(tmp_path / "3"), shard_bytes=1 << 20, adapter=True))
         logprobs = _logprobs(group, seqs)
+        counted = group.adapter_parameters()  # the ranks' own counts of what they write, summed
     finally:
         group.shutdown()
+    assert counted == sum(t.numel() for t in after.values())
     _assert_equal(start, one["start"])
     _assert_equal(merged_tensors(saved), one["saved"])
     assert any(not torch.equal(one["saved"][k], one["start"][k]) for k in one["start"])  # it trained
@@ -256,8 +258,10 @@ def test_expert_parallel_ranks_hold_and_train_the_experts_adapters_one_rank_does
         after = merged_tensors(publish(two, "two-after"))
         two.load_model(str(tmp_path / "ckpt"))
         saved = merged_tensors(publish(two, "two-saved"))
+        counted = two.adapter_parameters()  # each expert's adapter counted by the one replica that writes it
     finally:
         two.shutdown()
+    assert counted == sum(t.numel() for t in one_start.values())
     names = [t.name for s in start.shards for t in s.tensors]
     assert len(names) == len(set(names))  # each tensor written by one replica
     _assert_equal(merged_tensors(start), one_start)

@@ -70,6 +70,14 @@ class MegatronWorker(MegatronRank):
                 for t in lora.peft_tensors(self.module, self.layout())]
 
     @resident
+    def adapter_parameters(self) -> int:
+        """The parameters of the adapter records this rank writes (adapter_tensors' count, nothing copied): summed
+        over the ranks, the whole adapter's."""
+        from trainer.megatron import lora
+
+        return sum(t.tensor.numel() for t in lora.peft_tensors(self.module, self.layout()))
+
+    @resident
     def save_checkpoint(self, ckpt_dir: str) -> None:
         """Model, optimizer (once it holds state), reference and RNG into `ckpt_dir` (checkpoint.py)."""
         checkpoint.save_checkpoint(self, ckpt_dir)
