@@ -28,10 +28,11 @@ class EngineMemory:
     kv_needed: int
     concurrency: int
     kv_bytes_per_token: int
+    lora: int = 0  # trainer.lora sync adapter: the adapter slots vLLM allocates beside the base
 
     @property
     def total(self) -> int:
-        return self.baseline + self.weights + self.kv_cache
+        return self.baseline + self.weights + self.lora + self.kv_cache
 
     @property
     def sequences_cached(self) -> int:
@@ -42,20 +43,24 @@ class EngineMemory:
 
 def engine_memory(*, parameters: int, kv_elements_per_token: int, dtype_bytes: int, tp: int, concurrency: int,
                   seq_tokens: int, kv_cache_bytes: int | None, device: Literal["cpu", "cuda"],
-                  gpu_bytes: int | None = None, gpu_memory_utilization: float = 0.9) -> EngineMemory:
+                  gpu_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+                  lora_parameters: int = 0) -> EngineMemory:
     """One engine (per GPU of its `tp`): weights and KV split over tp (vLLM shards heads; with fewer KV heads
     than tp each rank keeps a copy, which this ignores). The cache vLLM allocates: `kv_cache_bytes`
-    (rollout.kv_cache_gb; on cpu 0.25 GiB when unset) or, on cuda, gpu_memory_utilization of the GPU less weights
-    and the engine's own overhead (vLLM's own sizing)."""
+    (rollout.kv_cache_gb; on cpu 0.25 GiB when unset) or, on cuda, gpu_memory_utilization of the GPU less weights,
+    adapter slots and the engine's own overhead (vLLM's own sizing). `lora_parameters`: the parameters of the
+    adapter slots vLLM allocates (every slot at its max_lora_rank, on the targeted projections), in the model's
+    dtype and split over tp."""
     weights = math.ceil(parameters * dtype_bytes / tp)
+    lora = math.ceil(lora_parameters * dtype_bytes / tp)
     per_token = math.ceil(kv_elements_per_token * dtype_bytes / tp)
     baseline = CPU_ENGINE_BASELINE if device == "cpu" else CUDA_ENGINE_BASELINE
     if kv_cache_bytes is None:
         if gpu_bytes is None:
             raise ValueError("an engine on cuda without rollout.kv_cache_gb needs the GPU's memory")
-        kv_cache_bytes = max(int(gpu_bytes * gpu_memory_utilization) - weights - baseline, 0)
+        kv_cache_bytes = max(int(gpu_bytes * gpu_memory_utilization) - weights - lora - baseline, 0)
     else:
         kv_cache_bytes = math.ceil(kv_cache_bytes / tp) if device == "cuda" else kv_cache_bytes
-    return EngineMemory(baseline=baseline, weights=weights, kv_cache=kv_cache_bytes,
+    return EngineMemory(baseline=baseline, weights=weights, lora=lora, kv_cache=kv_cache_bytes,
                         kv_needed=concurrency * seq_tokens * per_token, concurrency=concurrency,
                         kv_bytes_per_token=per_token)

@@ -157,7 +157,26 @@ def engine_plan(cfg: TideConfig, shape: ModelShape, seq_tokens: int, gpu_bytes: 
     return engine_memory(parameters=shape.parameters(), kv_elements_per_token=shape.kv_elements_per_token(),
                          dtype_bytes=DTYPE_BYTES[cfg.model.dtype], tp=r.tp, concurrency=concurrency,
                          seq_tokens=seq_tokens, kv_cache_bytes=r.kv_cache_bytes, device=r.device,
-                         gpu_bytes=gpu_bytes, gpu_memory_utilization=r.gpu_memory_utilization)
+                         gpu_bytes=gpu_bytes, gpu_memory_utilization=r.gpu_memory_utilization,
+                         lora_parameters=engine_lora_parameters(cfg, shape))
+
+
+def engine_lora_parameters(cfg: TideConfig, shape: ModelShape) -> int:
+    """trainer.lora sync adapter: the adapter slots an engine allocates (rollout/lora_serving.py's LLM arguments:
+    max_loras on the device, max_cpu_loras more in host memory, which on cpu is the same memory), each at the
+    slot's rank on the targeted projections; 0 without."""
+    from orchestrator.iteration.session import engine_lora
+    from rollout.lora_serving import lora_llm_kwargs
+    from trainer.memory_plan import lora_parameters
+
+    kwargs = lora_llm_kwargs(engine_lora(cfg.trainer.lora))
+    if not kwargs:
+        return 0
+    slots = kwargs["max_loras"] + (kwargs["max_cpu_loras"] if cfg.rollout.device == "cpu" else 0)
+    whole = TrainerLayout(rows=1, seq_len=1, lora_rank=kwargs["max_lora_rank"],
+                          lora_targets=tuple(kwargs["lora_target_modules"]))
+    return slots * lora_parameters(shape, whole)
+
 
 
 def _host_bytes() -> int:
@@ -244,8 +263,8 @@ def _rank_items(m: RankMemory) -> dict[str, float]:
 
 
 def _engine_items(e: EngineMemory) -> dict[str, float]:
-    return {k: gb(v) for k, v in {"baseline": e.baseline, "weights": e.weights, "kv_cache": e.kv_cache,
-                                  "kv_needed": e.kv_needed, "total": e.total}.items()}
+    return {k: gb(v) for k, v in {"baseline": e.baseline, "weights": e.weights, "lora": e.lora,
+                                  "kv_cache": e.kv_cache, "kv_needed": e.kv_needed, "total": e.total}.items()}
 
 
 def _changes(cfg: TideConfig, shape: ModelShape, layout: TrainerLayout, engine: EngineMemory, seq_tokens: int,
@@ -318,7 +337,7 @@ def render(p: Plan) -> None:
     table.add_column(f"trainer rank (x{p.ranks})", justify="right")
     table.add_column(f"engine (x{p.engines})", justify="right")
     rows = ["baseline", "weights", "gradients", "optimizer", "activations", "logits", "logprob_chunk", "allocator",
-            "kv_cache", "total"]
+            *(["lora"] if p.engine.get("lora") else []), "kv_cache", "total"]
     for item in rows:
         table.add_row(item, _cell(p.rank.get(item)), _cell(p.engine.get(item)))
     console.print(table)

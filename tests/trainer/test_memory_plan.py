@@ -162,6 +162,30 @@ def test_engine_kv_cache_by_hand():
                         seq_tokens=10, kv_cache_bytes=3 * 2560, device="cpu")
     # 64 float32 elements per token: 2560 bytes per sequence of 10 tokens; the cache holds 3 of the 4
     assert (cpu.kv_needed, cpu.sequences_cached, cpu.kv_cache) == (4 * 2560, 3, 3 * 2560)
+    # adapter slots (trainer.lora sync adapter): 300 parameters in bf16 over tp 2, taken from the cache vLLM sizes
+    lora = engine_memory(parameters=1000, kv_elements_per_token=64, dtype_bytes=2, tp=2, concurrency=4, seq_tokens=10,
+                         kv_cache_bytes=None, device="cuda", gpu_bytes=10 * GiB, gpu_memory_utilization=0.5,
+                         lora_parameters=300)
+    assert lora.lora == 300 and lora.kv_cache == e.kv_cache - 300 and lora.total == e.total
+
+
+def test_an_adapter_serving_engine_plans_its_adapter_slots():
+    """`tide plan` of configs/lora.yaml (sync adapter, on cpu): the engine holds max_loras + max_cpu_loras slots of
+    the adapter at vLLM's slot rank (rollout/lora_serving.py: 1 + 2 of rank 16) on the quickstart model's seven
+    projections: per layer q 16 x (64 + 64), k and v 16 x (64 + 32), o 16 x (64 + 64), gate and up 16 x (64 + 128),
+    down 16 x (128 + 64), float32; a merged sync holds none."""
+    from orchestrator.config.schema import load_config
+    from orchestrator.run.plan import engine_plan, model_shape
+
+    per_layer = 16 * (128 + 2 * 96 + 128 + 3 * 192)
+    cfg = load_config(ROOT / "configs" / "lora.yaml")
+    shape, _ = model_shape(cfg)
+    engine = engine_plan(cfg, shape, 64, None)
+    assert engine.lora == 3 * 2 * per_layer * 4 == 393216
+    assert engine.total == engine.baseline + engine.weights + engine.lora + engine.kv_cache
+    merged = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={
+        "lora": cfg.trainer.lora.model_copy(update={"sync": "merged"})})})
+    assert engine_plan(merged, shape, 64, None).lora == 0
 
 
 @pytest.mark.parametrize("config", sorted(glob.glob(str(ROOT / "configs/models/*.yaml"))) +
