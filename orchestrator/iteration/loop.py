@@ -72,8 +72,9 @@ def run_iterations(s: Session) -> None:
                 with run.phase(it, "eval"), show("eval"):
                     evaluation = evaluate(s.rollout, s.task, held_out, cfg.eval, cfg.rollout,
                                           sampling_seed(cfg.seed + EVAL_STREAM, it), s.agent)
-            moved = ({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds,
-                      **s.trainer.published_bytes(manifest)} if cfg.transfer.enabled else {})
+            moved = {"publish_bytes": manifest.nbytes,  # with trainer.lora sync adapter: the adapter's
+                     **({"transfer_bytes": delivery.bytes, "transfer_seconds": delivery.seconds,
+                         **s.trainer.published_bytes(manifest)} if cfg.transfer.enabled else {})}
             run.log_metrics({"iteration": it, **scored.metrics, **sample_metrics(drawn.rolled.samples),
                              "lr": trained["lr"], **{k: trained[k] for k in TRAIN_METRICS if k in trained},
                              **mismatch, **gaps, **replay_gaps(trained), **probe, "samples": len(drawn.rolled.samples),

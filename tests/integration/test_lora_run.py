@@ -55,6 +55,7 @@ def test_lora_run_serves_exports_and_resumes_exactly(tmp_path, address, sync):
         assert m["kl_ref"] != 0, m  # the reference is the base: the adapters moved the policy off it
     published = [t["bytes"] for t in map(json.loads, (whole / "timings.jsonl").read_text().splitlines())
                  if t["phase"] == "publish"]
+    assert [m["publish_bytes"] for m in metrics] == published[-len(metrics):]  # each iteration's, in its metrics
     status = json.loads((whole / "status.json").read_text())
     model_bytes, adapter_bytes = 4 * status["lora_base_params"], 4 * status["lora_trainable_params"]  # float32
     if sync == "merged":

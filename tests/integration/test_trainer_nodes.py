@@ -22,7 +22,7 @@ from tests.integration.run_helpers import ROOT, TIDE, tide
 pytestmark = pytest.mark.slow
 
 # what the layout may change (where bytes went, and how fast), and the count of restarts a fault took
-NOT_LEARNING = ("transfer_", "publish_bytes_", "restarts")
+NOT_LEARNING = ("transfer_", "publish_bytes", "restarts")
 
 
 @pytest.fixture(scope="module")
