@@ -134,6 +134,20 @@ class Checks:
         return [c["name"] for c in self.items if not c["ok"]]
 
 
+def per_family(families: list[str], step: str, check, checks: Checks) -> dict:
+    """`check(family)` for each family of a step: one that raises is a failed `<family>/<step>_runs` check (its
+    error recorded), and the other families still run."""
+    out = {}
+    for fam in families:
+        log(f"== {step} {fam}")
+        try:
+            out[fam] = check(fam)
+        except Exception as exc:  # noqa: BLE001  (a family that fails is a failed check; the others still run)
+            out[fam] = {"error": f"{type(exc).__name__}: {exc}"}
+            checks.add(f"{fam}/{step}_runs", False, detail=out[fam]["error"][:300])
+    return out
+
+
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 

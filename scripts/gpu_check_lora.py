@@ -51,15 +51,7 @@ print("ENGINE " + json.dumps([[next(iter(p.values())).logprob for p in o.prompt_
 
 
 def run_lora(args, work: Path, checks, gc: ModuleType) -> dict:
-    out = {}
-    for fam in args.lora_families:
-        gc.log(f"== lora {fam}")
-        try:
-            out[fam] = _family(fam, args, work, checks, gc)
-        except Exception as exc:  # noqa: BLE001  (a family that fails is a failed check; the others still run)
-            out[fam] = {"error": f"{type(exc).__name__}: {exc}"}
-            checks.add(f"{fam}/lora_runs", False, detail=out[fam]["error"][:300])
-    return out
+    return gc.per_family(args.lora_families, "lora", lambda fam: _family(fam, args, work, checks, gc), checks)
 
 
 def _worker(model_dir: Path, args, dtype: str):
@@ -166,12 +158,15 @@ def _peft_logits(model_dir: Path, adapter: Path, device: str, tokens, faults: li
 def _engine(model_dir: Path, adapter: Path, sequences, ours, args, checks, fam: str, gc: ModuleType) -> dict:
     import importlib.util
 
+    from transformers import AutoConfig
+
+    from ckpt_transfer.convert import is_moe
     from rollout.config import DEFAULT_LOGPROB_GAP
 
-    moe = "moe" in fam or fam in ("mixtral", "deepseek_v3", "gpt_oss")
-    if args.device != "cuda" or importlib.util.find_spec("vllm") is None or moe:
-        why = ("device cpu" if args.device != "cuda" else "vllm is not installed here"
-               if importlib.util.find_spec("vllm") is None else "a mixture-of-experts family")
+    why = ("device cpu" if args.device != "cuda" else "vllm is not installed here"
+           if importlib.util.find_spec("vllm") is None else "a mixture-of-experts family"
+           if is_moe(AutoConfig.from_pretrained(model_dir)) else None)
+    if why:
         gc.log(f"SKIP {fam}/lora_engine_logprobs: {why}")
         return {"skipped": why}
     start = time.perf_counter()

@@ -51,15 +51,7 @@ print("ENGINE " + json.dumps({"tokens": list(first), "after_wake": list(again)})
 
 
 def run_offload(args, work: Path, checks, gc: ModuleType) -> dict:
-    out = {}
-    for fam in args.offload_families:
-        gc.log(f"== offload {fam}")
-        try:
-            out[fam] = _family(fam, args, work, checks, gc)
-        except Exception as exc:  # noqa: BLE001  (a family that fails is a failed check; the others still run)
-            out[fam] = {"error": f"{type(exc).__name__}: {exc}"}
-            checks.add(f"{fam}/offload_runs", False, detail=out[fam]["error"][:300])
-    return out
+    return gc.per_family(args.offload_families, "offload", lambda fam: _family(fam, args, work, checks, gc), checks)
 
 
 def _family(fam: str, args, work: Path, checks, gc: ModuleType) -> dict:

@@ -203,10 +203,10 @@ def rank_parameters(shape: ModelShape, layout: TrainerLayout) -> int:
     return math.ceil(stage / layout.tp + experts / (layout.pp * layout.ep * layout.tp))
 
 
-# LoRA targets by PEFT's name: (input width, output width, column-parallel, where) of the projection, from a
-# shape. Column-parallel linears split their output over tp (their B is split, A whole), row-parallel ones their
-# input (A split, B whole); "dense" projections are in every layer (attention) or every dense layer's MLP and
-# the shared experts', "expert" ones in every routed expert. Mixtral names its experts' w1 (gate), w3 (up), w2.
+# LoRA targets by PEFT's name. Attention projections, in every layer: (input width, output width, column-parallel)
+# from a shape. Column-parallel linears split their output over tp (their B is split, A whole), row-parallel ones
+# their input (A split, B whole). MLP projections: (column-parallel, also in dense MLPs and shared experts), every
+# routed expert having its own; Mixtral names its experts' w1 (gate), w3 (up), w2 (down) and has no dense MLP.
 LORA_PROJECTIONS = {
     "q_proj": lambda s: (s.hidden, s.q_width, True),
     "k_proj": lambda s: (s.hidden, s.kv_heads * s.head_dim, True),

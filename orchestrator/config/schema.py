@@ -33,7 +33,7 @@ from orchestrator.records.wandb_log import WandbConfig
 from rollout.agent.config import AgentConfig
 from rollout.config import RolloutConfig, TaskConfig
 from trainer.batch import TokenDistribution
-from trainer.config import TrainerConfig
+from trainer.config import LoRAConfig, TrainerConfig
 from trainer.jax.config import JaxConfig
 from trainer.tiny_model import TinyModelConfig
 
@@ -465,3 +465,12 @@ def dump_config(cfg: TideConfig) -> str:
         del data["model"]["tiny"]
     unused = LLM_SECTIONS if cfg.engine == "jax" else {"jax"}
     return yaml.safe_dump({k: v for k, v in data.items() if k not in unused}, sort_keys=False)
+
+
+def engine_lora(lora: LoRAConfig | None):
+    """What the engines need to serve trainer.lora's adapters (None unless trainer.lora.sync is adapter)."""
+    if lora is None or not lora.syncs_adapter:
+        return None
+    from rollout.config import EngineLoRAConfig
+
+    return EngineLoRAConfig(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules)

@@ -28,7 +28,7 @@ from orchestrator.iteration.colocation import Handover
 from orchestrator.iteration.checkpointing import restore_checkpoint, save_checkpoint
 from orchestrator.workers.cluster import Cluster, connect, keep_session_logs
 from orchestrator.iteration.batches import behaviour_distribution
-from orchestrator.config.schema import ConfigError, TideConfig, dump_config
+from orchestrator.config.schema import ConfigError, TideConfig, dump_config, engine_lora
 from orchestrator.iteration.logprob_check import agent_probe_problems, probe_problems
 from orchestrator.iteration.mismatch import MismatchCorrection
 from orchestrator.config.model_source import resolve_model_dir
@@ -43,7 +43,7 @@ from orchestrator.iteration.warmup import WARMUP_STOP_WINDOW, check_demonstratio
 from rollout.engine_proc import freeze_heap, pin_threads, process_tree
 from rollout.tasks import Problem, make_task
 from trainer.batch import TokenDistribution
-from trainer.config import LoRAConfig, TrainerSpec
+from trainer.config import TrainerSpec
 
 if TYPE_CHECKING:
     from orchestrator.agents.agent_rollout import Agent
@@ -445,12 +445,3 @@ class _StartupClock:
 
     def records(self, iteration: int) -> list[PhaseRecord]:
         return [PhaseRecord(iteration, name, start, seconds) for name, start, seconds in self._done]
-
-
-def engine_lora(lora: LoRAConfig | None):
-    """What the engines need to serve trainer.lora's adapters (None unless trainer.lora.sync is adapter)."""
-    if lora is None or not lora.syncs_adapter:
-        return None
-    from rollout.config import EngineLoRAConfig
-
-    return EngineLoRAConfig(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules)

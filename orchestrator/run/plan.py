@@ -165,7 +165,7 @@ def engine_lora_parameters(cfg: TideConfig, shape: ModelShape) -> int:
     """trainer.lora sync adapter: the adapter slots an engine allocates (rollout/lora_serving.py's LLM arguments:
     max_loras on the device, max_cpu_loras more in host memory, which on cpu is the same memory), each at the
     slot's rank on the targeted projections; 0 without."""
-    from orchestrator.iteration.session import engine_lora
+    from orchestrator.config.schema import engine_lora
     from rollout.lora_serving import lora_llm_kwargs
     from trainer.memory_plan import lora_parameters
 
@@ -176,7 +176,6 @@ def engine_lora_parameters(cfg: TideConfig, shape: ModelShape) -> int:
     whole = TrainerLayout(rows=1, seq_len=1, lora_rank=kwargs["max_lora_rank"],
                           lora_targets=tuple(kwargs["lora_target_modules"]))
     return slots * lora_parameters(shape, whole)
-
 
 
 def _host_bytes() -> int:
