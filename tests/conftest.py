@@ -136,6 +136,20 @@ def rank_pool(ray_cluster):
 
 
 @pytest.fixture(scope="session")
+def worker_pools(rank_pool):
+    """Trainer ranks and rollout engines kept between the runs a test drives in this process
+    (tests/integration/run_helpers.py `run_here`): a run's start here is mostly its ranks importing torch and
+    Megatron and its engines vLLM, which a pooled process did once."""
+    from orchestrator.workers.pools import EnginePool, WorkerPools
+
+    pools = WorkerPools(ranks=rank_pool, engines=EnginePool())
+    try:
+        yield pools
+    finally:
+        pools.engines.close()  # the ranks are rank_pool's to close
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 HF directory (random init, float32). head_dim is 32: vLLM's CPU attention kernels
     support head sizes 32, 64, 80, ... only."""

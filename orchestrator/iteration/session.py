@@ -47,6 +47,7 @@ from trainer.config import TrainerSpec
 
 if TYPE_CHECKING:
     from orchestrator.agents.agent_rollout import Agent
+    from orchestrator.workers.pools import WorkerPools
 
 console = Console(stderr=True, log_path=False)  # a time per line; the code location would crowd 80 columns
 
@@ -90,8 +91,9 @@ class Session:
     _cluster: Cluster | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, cfg: TideConfig, run: RunDir, resume: bool) -> "Session":
-        """Start everything a run needs; whatever was started is stopped again if a later step fails."""
+    def open(cls, cfg: TideConfig, run: RunDir, resume: bool, pools: "WorkerPools | None" = None) -> "Session":
+        """Start everything a run needs; whatever was started is stopped again if a later step fails. `pools`:
+        worker processes kept between runs (orchestrator/workers/pools.py), for the ranks and engines they serve."""
         from transformers import AutoTokenizer
 
         with ExitStack() as stack:
@@ -158,9 +160,12 @@ class Session:
                 engine = cfg.rollout.engine_config(cfg.iterations)
                 engine = engine.model_copy(update={"extra_env": placement.engine_env(engine.extra_env),
                                                    "lora": engine_lora(cfg.trainer.lora)})
+                pooled = pools is not None and placement.engines_anywhere
                 group = RolloutGroup(dirs, engine, dtype=cfg.model.dtype,
                                      seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
-                                     stop_token_ids=task.renderer.end_of_turn_ids(), placement=placement.engine)
+                                     stop_token_ids=task.renderer.end_of_turn_ids(),
+                                     placement=None if pooled else placement.engine,
+                                     pool=pools.engines if pooled else None)
                 ray_side.callback(group.shutdown)
                 return group
 
@@ -175,9 +180,11 @@ class Session:
                                                      and not cfg.transfer.enabled)
             early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
+                pooled = pools is not None and placement.ranks_anywhere
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
-                                       placement=placement.trainer_rank, cpus=placement.trainer_cpus)
+                                       placement=None if pooled else placement.trainer_rank,
+                                       cpus=placement.trainer_cpus, pool=pools.ranks if pooled else None)
             ray_side.callback(trainer.shutdown)
             if placement.shares_gpus:
                 try:

@@ -139,6 +139,12 @@ class RunDir:
 
         self.lock_fd = hold_run_dir(self.path)
 
+    def let_go(self) -> None:
+        """Release the directory `hold` took, for another run of this process (orchestrator/run/api.py)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
     # ---- timings and metrics -------------------------------------------------------------------
     def restart_count(self) -> int:
         return len(read_jsonl(self.restarts_file))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -16,7 +15,8 @@ import typer
 
 from orchestrator.config.schema import ConfigError, TideConfig, dump_config, load_config, parse_overrides
 from orchestrator.records.rundir import RunDir
-from rollout.tasks import TaskDataError
+from orchestrator.records.run_lock import RunDirBusy
+from orchestrator.run import api
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tide: RL post-training with Megatron-core, vLLM, Mooncake and a JAX engine.")
@@ -54,70 +54,11 @@ def _load(config: Path, overrides: list[str] | None) -> TideConfig:
         _fail(str(e), 2)
 
 
-def _execute(cfg: TideConfig, run: RunDir, resume: bool) -> None:
-    """Run (or resume) and record how it ended in status.json. A run that stops on its input before anything
-    ran (a bad row, a reward function that cannot be imported: exit 2) leaves no directory behind when it made
-    it; any other failure leaves status.json saying `failed` and why (its traceback: `_guarded`)."""
-    try:
-        _drive(cfg, run, resume)
-    except BaseException as e:
-        if (isinstance(e, (ConfigError, TaskDataError)) and run.created and not run.metrics()
-                and run.latest_checkpoint() is None):
-            shutil.rmtree(run.path, ignore_errors=True)
-        else:
-            run.end_status(e)
-        raise
-    run.end_status()
-
-
-def _drive(cfg: TideConfig, run: RunDir, resume: bool) -> None:
-    try:
-        if cfg.logging.wandb is not None:
-            from orchestrator.records.wandb_log import WandbLog
-
-            run.attach(WandbLog(run.path, cfg.logging.wandb, cfg.name, cfg.model_dump(mode="json")))
-        if cfg.engine == "jax":
-            from orchestrator.iteration.jax_loop import run_jax
-
-            run.config_file.write_text(dump_config(cfg))
-            run_jax(cfg, run, resume)
-            return
-        from rollout.engine_proc import gc_paused
-
-        with gc_paused():
-            from transformers import AutoTokenizer  # noqa: F401  (Session.open's; most of the driver's imports)
-
-            from orchestrator.iteration.loop import run_iterations
-            from orchestrator.iteration.session import Session
-
-        session, interrupted = Session.open(cfg, run, resume), False
-        try:
-            run_iterations(session)
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
-        finally:
-            session.close(interrupted)
-    finally:
-        run.close()
-
-
 MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="restart the run from its newest checkpoint after "
                             "up to N faults (a trainer rank, an engine that cannot be replaced or the Ray head "
                             "dying: exit 1 or a signal); config and data errors are never retried")
 RESTART_BACKOFF = typer.Option(10.0, "--restart-backoff", min=0, help="seconds before the first restart, doubling "
                                "with each further one")
-
-
-def _held(run: RunDir) -> RunDir:
-    """`run` taken for this process, or exit 2 when another live run has it (orchestrator/records/run_lock.py)."""
-    from orchestrator.records.run_lock import RunDirBusy
-
-    try:
-        run.hold()
-    except RunDirBusy as e:
-        _fail(str(e), 2)
-    return run
 
 
 def _supervised(run: RunDir, argv: list[str], max_restarts: int, backoff_s: float) -> None:
@@ -134,16 +75,14 @@ def run(config: Path = typer.Argument(..., help="YAML config"),
         max_restarts: int = MAX_RESTARTS, restart_backoff: float = RESTART_BACKOFF) -> None:
     """Start a run from a YAML config. Relative paths in it resolve against its directory; RUN_DIR/config.yaml
     records the resolved config, overrides included."""
-    cfg = _load(config, overrides)
-    path = run_dir or Path(cfg.run_dir or Path("runs") / cfg.name)
-    run = _held(RunDir(path))
-    if run.latest_checkpoint() is not None:
-        _fail(f"{path} already holds a run with checkpoints: `tide resume {path}` continues it, "
-              f"or choose another --run-dir", 2)
+    try:
+        cfg, run = api.prepare_run(config, overrides or [], run_dir)
+    except (ConfigError, api.UsageError, RunDirBusy) as e:
+        _fail(str(e), 2)
     if max_restarts:
-        _supervised(run, ["run", str(config), *(overrides or []), "--run-dir", str(path)], max_restarts,
+        _supervised(run, ["run", str(config), *(overrides or []), "--run-dir", str(run.path)], max_restarts,
                     restart_backoff)
-    _guarded(lambda: _execute(cfg, run, resume=False), run)
+    _guarded(lambda: api.execute(cfg, run, resume=False), run)
 
 
 @app.command()
@@ -156,24 +95,14 @@ def resume(run_dir: Path = typer.Argument(..., help="a run directory written by 
     With --iterations N a finished run goes on to iteration N, exactly as a run started with N iterations
     would have (learning-rate schedules that decay over the run are stretched to the new length, so with
     those only the iterations up to the checkpoint are shared)."""
-    if not (run_dir / "config.yaml").is_file():
-        _fail(f"{run_dir} is not a run directory (no config.yaml)", 2)
-    overrides = None
-    if iterations is not None:
-        done = RunDir(run_dir).latest_checkpoint()
-        at = RunDir.read_run_state(done)["iteration"] if done else 0
-        if iterations <= at:
-            _fail(f"--iterations {iterations}: {run_dir} already has a checkpoint at iteration {at}", 2)
-        overrides = {"iterations": iterations}
     try:
-        cfg = load_config(run_dir / "config.yaml", overrides)
-    except ConfigError as e:
+        cfg, run = api.prepare_resume(run_dir, iterations)
+    except (ConfigError, api.UsageError, RunDirBusy) as e:
         _fail(str(e), 2)
-    run = _held(RunDir(run_dir))
     if max_restarts:
         _supervised(run, ["resume", str(run_dir), *(["--iterations", str(iterations)] if iterations else [])],
                     max_restarts, restart_backoff)
-    _guarded(lambda: _execute(cfg, run, resume=True), run)
+    _guarded(lambda: api.execute(cfg, run, resume=True), run)
 
 
 @app.command()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -22,6 +22,9 @@ from rollout.samples import Samples
 from rollout.tasks import Problem
 from trainer.batch import TokenDistribution
 
+if TYPE_CHECKING:
+    from orchestrator.workers.pools import EnginePool
+
 log = logging.getLogger(__name__)
 ACTOR_EXIT_TIMEOUT_S = 5.0
 
@@ -29,10 +32,11 @@ ACTOR_EXIT_TIMEOUT_S = 5.0
 class RolloutGroup:
     def __init__(self, model_dirs: list[str], cfg: EngineConfig, *, dtype: str, seed: int, deterministic: bool,
                  stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-                 placement: Callable[[int], dict] | None = None):
+                 placement: Callable[[int], dict] | None = None, pool: "EnginePool | None" = None):
         """One engine per directory (each engine's own copy of the starting weights). Every generation ends
         at a string of `stop` or a token of `stop_token_ids` (the chat template's end of turn), besides EOS.
         `placement(k)`: Ray options placing engine k (orchestrator/workers/placement.py), also when it is replaced.
+        `pool`: start the engines in processes borrowed from it (CPU, no placement), handed back at shutdown.
         Returns once the engines are launched; `wait_started` waits until they serve (the first call on them
         would wait as well), so that the caller can do other start-up work meanwhile."""
         from rollout.engine import RolloutEngine
@@ -49,17 +53,30 @@ class RolloutGroup:
         self._model_dirs = list(model_dirs)
         self._loaded: list[Manifest | None] = [None] * len(model_dirs)  # the iteration each engine serves
         self._replacing = threading.Lock()
+        if pool is not None and (cfg.device != "cpu" or placement is not None):
+            raise ValueError("an EnginePool serves CPU engines placed anywhere on the driver's node")
+        self._pool = pool
+        self._starting: dict[int, ray.ObjectRef] = {}  # a pooled engine's start, until wait_started has seen it
         self.engines = [self._launch(i) for i in range(len(model_dirs))]
 
     def _launch(self, i: int):
-        return self._actor.options(**self._placement(i)).remote(self._model_dirs[i], self.cfg, **self._engine_args,
-                                                                start_on=self._loaded[i])
+        """Engine i's actor; a new actor starts its engine as it is built, a pooled one by the `start` call
+        that `wait_started` (or, for a replacement, `_replace`) waits for."""
+        args = (self._model_dirs[i], self.cfg)
+        kwargs = {**self._engine_args, "start_on": self._loaded[i]}
+        if self._pool is None:
+            return self._actor.options(**self._placement(i)).remote(*args, **kwargs)
+        engine = self._pool.take()
+        self._starting[i] = engine.start.remote(*args, **kwargs)
+        return engine
 
     def wait_started(self) -> None:
         """Block until every engine serves; an engine that failed to start stops them all and raises. An
         interrupt (Ctrl-C, SIGTERM) leaves the stop to the group's owner, who knows whether Ray can still answer
         (a scheduler's SIGTERM reaches the raylet too: each Ray call would then wait out its timeout)."""
         try:
+            ray.get(list(self._starting.values()), timeout=self.timeout)  # a pooled engine answers before it starts
+            self._starting.clear()
             ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
         except Exception:
             self.shutdown()
@@ -174,16 +191,28 @@ class RolloutGroup:
         except Exception:
             pass
         self.engines[i] = self._launch(i)
+        if i in self._starting:  # a pooled process runs its calls concurrently: the next must find it started
+            ray.get(self._starting.pop(i), timeout=self.timeout)
 
     def engine_pids(self) -> list[int]:
         return ray.get([e.engine_pid.remote() for e in self.engines], timeout=self.timeout)
 
     def shutdown(self) -> None:
-        """Stop every engine and end its actor; returns once the actors' processes on this node are gone (ray.kill
-        only asks: an inline engine's actor process is the engine, and it must not outlive the run)."""
+        """Stop every engine and end its actor (a pooled one's process goes back to the pool); returns once the
+        ended actors' processes on this node are gone (ray.kill only asks: an inline engine's actor process is the
+        engine, and it must not outlive the run)."""
         here = ray.get_runtime_context().get_node_id()
         local: list[int] = []
-        for e in self.engines:
+        for i, e in enumerate(self.engines):
+            if self._pool is not None:
+                try:
+                    if i in self._starting:  # its calls run concurrently: the stop must follow the start
+                        ray.get(self._starting.pop(i), timeout=self.timeout)
+                    ray.get(e.stop.remote(), timeout=120)
+                    self._pool.give_back(e)
+                    continue
+                except Exception:  # dead or hung: ended as any engine is
+                    pass
             try:
                 node, pid = ray.get(e.process.remote(), timeout=10)
                 local += [pid] if node == here else []
@@ -194,7 +223,7 @@ class RolloutGroup:
             except Exception:  # already dead: nothing of ours left inside it
                 pass
             ray.kill(e)
-        self.engines = []
+        self.engines, self._starting = [], {}
         if alive := wait_gone(local, ACTOR_EXIT_TIMEOUT_S):
             # Ray could not end them (its raylet died with the run: a scheduler's SIGTERM to the whole job)
             log.warning("rollout engine actor process(es) %s still alive %.0f s after ray.kill: SIGKILL", alive,

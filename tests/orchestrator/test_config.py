@@ -439,11 +439,11 @@ def test_run_hands_the_overridden_config_to_the_run(tmp_path, monkeypatch):
     """What `tide run` starts (and writes to RUN_DIR/config.yaml, `dump_config` of it) carries the overrides."""
     from typer.testing import CliRunner
 
-    from orchestrator.run import cli
+    from orchestrator.run import api, cli
     from orchestrator.config.schema import dump_config
 
     started = []
-    monkeypatch.setattr(cli, "_execute", lambda cfg, run, resume: started.append(cfg))
+    monkeypatch.setattr(api, "execute", lambda cfg, run, resume: started.append(cfg))
     result = CliRunner().invoke(cli.app, ["run", str(ROOT / "configs" / "quickstart.yaml"), "trainer.lr=5e-4",
                                           "rollout.n_samples=3", "--run-dir", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output

@@ -163,37 +163,37 @@ def test_a_run_stopped_by_its_input_leaves_no_directory(tmp_path):
 
 
 def test_a_broken_run_says_why_and_a_directory_it_did_not_make_stays(tmp_path, monkeypatch):
-    """How `tide run` / `tide resume` end a run (orchestrator.run.cli._execute): a failure after start-up leaves
+    """How `tide run` / `tide resume` end a run (orchestrator.run.api.execute): a failure after start-up leaves
     status.json `failed` with the error and the phase it happened in; an input error in a directory that existed
     before leaves that directory, saying so; a finished run reads `finished`."""
     import pytest
 
-    from orchestrator.run import cli
+    from orchestrator.run import api
     from rollout.tasks import TaskDataError
 
-    def broken(cfg, run, resume):
+    def broken(cfg, run, resume, pools=None):
         run.set_status(iteration=1, phase="reward")
         raise RuntimeError("reward 'boom' (my_rewards.py:boom) raised ValueError: no such column")
 
-    monkeypatch.setattr(cli, "_drive", broken)
+    monkeypatch.setattr(api, "drive", broken)
     run = RunDir(tmp_path / "broken")
     with pytest.raises(RuntimeError):
-        cli._execute(None, run, resume=False)
+        api.execute(None, run, resume=False)
     status = json.loads((tmp_path / "broken" / "status.json").read_text())
     assert (status["state"], status["iteration"], status["phase"]) == ("failed", 1, "reward")
     assert status["error"] == "RuntimeError: reward 'boom' (my_rewards.py:boom) raised ValueError: no such column"
 
-    def bad_row(cfg, run, resume):
+    def bad_row(cfg, run, resume, pools=None):
         raise TaskDataError("rows.jsonl: row 2: field 'answer' is missing or null")
 
-    monkeypatch.setattr(cli, "_drive", bad_row)
+    monkeypatch.setattr(api, "drive", bad_row)
     (tmp_path / "old").mkdir()
     with pytest.raises(TaskDataError):
-        cli._execute(None, RunDir(tmp_path / "old"), resume=True)
+        api.execute(None, RunDir(tmp_path / "old"), resume=True)
     assert json.loads((tmp_path / "old" / "status.json").read_text())["state"] == "failed"
 
-    monkeypatch.setattr(cli, "_drive", lambda cfg, run, resume: None)
-    cli._execute(None, RunDir(tmp_path / "fine"), resume=False)
+    monkeypatch.setattr(api, "drive", lambda cfg, run, resume, pools=None: None)
+    api.execute(None, RunDir(tmp_path / "fine"), resume=False)
     assert json.loads((tmp_path / "fine" / "status.json").read_text())["state"] == "finished"
 
 
