@@ -1,4 +1,5 @@
-"""Multi-turn agents in the RL loop, run through the CLI the way a user runs configs/guess.yaml: trajectories of
+"""Multi-turn agents in the RL loop, configs/guess.yaml's run (through the Python API, on the session's pooled ranks
+and engines): trajectories of
 several turns are sampled by vLLM, scored by the environment and trained on by Megatron with the environment's
 replies masked out; the trainer's log-probs of the sampled tokens match the engine's, the metrics and logs say
 what the agent did, and a run killed after a checkpoint resumes to the uninterrupted run's exact end."""
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.run_helpers import ROOT, assert_ends_as, resume_cut_back, tide
+from tests.integration.run_helpers import ROOT, assert_ends_as, resume_cut_back, run_here
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +37,9 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp_path, address):
+def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp_path, address, worker_pools):
     run = tmp_path / "run"
-    proc = tide("run", _guess_config(tmp_path, address), "--run-dir", run, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, _guess_config(tmp_path, address), run_dir=run)
     metrics = _jsonl(run / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
     # the gap over the sampled tokens only (the environment's replies carry no behaviour log-prob): float32 engine
@@ -62,11 +62,12 @@ def test_guessing_game_trains_on_multi_turn_trajectories_and_resumes_exactly(tmp
     assert any("\nuser: " in r["completion"] for r in logged)  # the environment's replies between the turns
 
     # killed during iteration 3, after its checkpoint of iteration 2: the resumed run ends as the whole one did
-    resume_cut_back(run, tmp_path / "killed", 2, timeout=600)
+    resume_cut_back(run, tmp_path / "killed", 2, pools=worker_pools)
     assert_ends_as(tmp_path / "killed", run, files=("metrics.jsonl",), final_key=None)
 
 
-def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
+def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resume_exactly(tmp_path, address,
+                                                                                          worker_pools):
     """rollout.partial_rollout with `agent:`: a game is set aside at the end of the turn that reaches 8 sampled tokens
     (two turns) after the environment's reply, and continued in the next batch's sampling under newer weights, for
     at most max_staleness 2 samplings; every batch's tokens match the policy that sampled them, no token is more than
@@ -80,8 +81,7 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
                           probe_every=0)
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
-    proc = tide("run", path, "--run-dir", run, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, path, run_dir=run)
     metrics = _jsonl(run / "metrics.jsonl")
     assert all(0 < m["logprob_gap"] <= 1e-5 and m["stale_masked_tokens"] == 0 for m in metrics), metrics
     assert max(m["staleness_token_max"] for m in metrics) == 2 and all(m["staleness_token_max"] <= 2 for m in metrics)
@@ -91,11 +91,11 @@ def test_partial_multi_turn_trajectories_span_versions_within_the_bound_and_resu
     assert all(0 < m["masked_token_share"] < 1 for m in metrics)
 
     assert (run / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resume_cut_back(run, tmp_path / "resumed", 2, timeout=600)
+    resume_cut_back(run, tmp_path / "resumed", 2, pools=worker_pools)
     assert_ends_as(tmp_path / "resumed", run, final_key=None)
 
 
-def test_mixture_of_experts_agent_replays_each_turns_routing(tmp_path, address):
+def test_mixture_of_experts_agent_replays_each_turns_routing(tmp_path, address, worker_pools):
     """trainer.moe.routing_replay with `agent:`: a trajectory's turns are separate engine calls, whose routing
     records merge into one per trajectory (rollout/routing_capture.extend_record). In float32 the trainer's own
     routers agree with the engine's on every token, so every merged record names, position by position, the
@@ -109,8 +109,7 @@ def test_mixture_of_experts_agent_replays_each_turns_routing(tmp_path, address):
     cfg["trainer"]["moe"] = {"routing_replay": "rollout"}
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
-    proc = tide("run", path, "--run-dir", run, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, path, run_dir=run)
     for m in _jsonl(run / "metrics.jsonl"):
         assert m["turns/mean"] > 1, m
         # every position up to a trajectory's last sampled token was computed by some turn's call and recorded;

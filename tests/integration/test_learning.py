@@ -1,4 +1,5 @@
-"""The loop learns: the quickstart job, run as a user runs it, raises its reward by a stated margin with
+"""The loop learns: the quickstart job (its config as shipped, driven through the Python API on the session's pooled
+ranks and engine) raises its reward by a stated margin with
 Kimi k1.5's loss under truncated sampling (temperature 0.7, top-p 0.9, where the trainer must recompute the
 engines' distribution to keep the log-prob gap within 1e-4) and with GRPO. A sign error between reward and
 loss, or log-probs of the wrong distribution, fails it (tests/trainer/test_learning_direction.py checks the
@@ -7,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,19 +26,20 @@ MODEL_CONFIGS = [pytest.param(f"models/{p.name}", marks=pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("config", ["quickstart_sampling.yaml", "quickstart.yaml", *MODEL_CONFIGS])
-def test_quickstart_job_learns(tmp_path, address, config):
+def test_quickstart_job_learns(tmp_path, address, config, worker_pools, capsys):
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
     cfg["ray"] = {"address": address}
     cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-learn-{os.getpid()}"
     cfg["save_every"] = cfg["iterations"]
     path = tmp_path / Path(config).name
     path.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "orchestrator.run.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    from tests.integration.run_helpers import run_here
+
+    run_here(worker_pools, path, run_dir=tmp_path / "run")
+    console = capsys.readouterr().err
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == cfg["iterations"]
-    # exit 0 implies every gap within rollout.max_logprob_gap (1e-4); the values themselves: float32 engine and
+    # a finished run implies every gap within rollout.max_logprob_gap (1e-4); the values themselves: float32 engine and
     # trainer log-probs ~1e-7 apart (at most 6.6e-7 measured), never exactly equal
     assert 0 < min(m["logprob_gap"] for m in metrics) and max(m["logprob_gap"] for m in metrics) <= 1e-5
     first = sum(m["reward_mean"] for m in metrics[:2]) / 2
@@ -51,8 +51,8 @@ def test_quickstart_job_learns(tmp_path, address, config):
     # the warm start showed its progress: every tenth step on the console, each one in status.json
     steps = cfg["trainer"]["warmup_sft_steps"]
     assert status["warmup_step"] == status["warmup_steps"] == steps
-    shown = [s for s in range(steps // 10, steps, steps // 10) if f"warm start: step {s}/{steps}" in proc.stderr]
-    assert len(shown) == 9, proc.stderr[-3000:]
+    shown = [s for s in range(steps // 10, steps, steps // 10) if f"warm start: step {s}/{steps}" in console]
+    assert len(shown) == 9, console[-3000:]
     _reports_what_trl_and_verl_users_read(tmp_path / "run", metrics, cfg)
 
 

@@ -1,5 +1,8 @@
-"""The RL loop end to end with the real components (Ray, Megatron-core, vLLM), driven through the CLI the way a
-user runs it. All runs join the test session's Ray cluster."""
+"""The RL loop end to end with the real components (Ray, Megatron-core, vLLM): driven through the CLI the way a
+user runs it where the test stops, kills or resumes the run's processes, else through the Python API in the test's
+process on the session's pooled ranks and engines (what a run computes does not depend on who started its
+processes: the stop test resumes CLI runs to the end of the pooled reference run). All runs join the test
+session's Ray cluster."""
 from __future__ import annotations
 
 import json
@@ -15,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.run_helpers import ROOT, TIDE, assert_ends_as, resume_cut_back, tide
+from tests.integration.run_helpers import (ROOT, TIDE, assert_ends_as, resume_cut_back, resume_here, run_here,
+                                          threads_cpus, tide)
 
 pytestmark = pytest.mark.slow
 
@@ -65,13 +69,12 @@ REF = {"trainer__kl": {"coef": 0.05, "estimator": "k3"},
 
 
 @pytest.fixture(scope="module")
-def reference_run(built_once, address):
+def reference_run(built_once, address, worker_pools):
     """An uninterrupted 4-iteration run in reload mode (shared by the loop, resume and export tests, which only
     read it; run once for both test workers)."""
 
     def run(tmp: Path) -> None:
-        proc = tide("run", _write(tmp, _config("ref", address, **REF)), "--run-dir", tmp / "run")
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_here(worker_pools, _write(tmp, _config("ref", address, **REF)), run_dir=tmp / "run")
 
     return built_once("reference_run", run) / "run"
 
@@ -191,18 +194,7 @@ ASYNC = {"rollout__max_staleness": 1, "rollout__mismatch_correction": "tis", "tr
          "placement__mode": "disaggregated"}
 
 
-def _threads_cpus(pid: int) -> set[tuple[int, ...]]:
-    """The CPUs each thread of process `pid` may run on, as a set of distinct CPU tuples."""
-    out = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out.add(tuple(sorted(os.sched_getaffinity(int(tid)))))
-        except ProcessLookupError:
-            pass
-    return out
-
-
-def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, address):
+def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, address, worker_pools):
     """rollout.max_staleness 1: every batch after the first was sampled by the policy one update before the one
     that trains on it, never older, and matches that policy's log-probs (the trainer's snapshot of it); a
     run SIGKILLed after its iteration-2 checkpoint, while batch 4 is drawn ahead, resumes (batch 3 from the
@@ -213,8 +205,7 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     from rollout.config import RolloutConfig
 
     cfg = _write(tmp_path, _config("async", address, **ASYNC))
-    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-4000:]
+    run_here(worker_pools, cfg, run_dir=tmp_path / "whole")
     metrics = _metrics(tmp_path / "whole")
     assert [(m["staleness"], m["behaviour_version"]) for m in metrics] == [(0, 0), (1, 0), (1, 1), (1, 2)]
     # every batch against the policy that sampled it (a stale one on the trainer's snapshot of that policy)
@@ -243,8 +234,8 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     status = _wait_for_iteration(proc, run_dir, 3)  # the iteration-2 checkpoint, holding batch 3, is complete then
     engine_cpus, trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)), None, RolloutConfig())
-    assert [_threads_cpus(pid) for pid in status["engine_pids"]] == [{engine_cpus}]
-    assert [_threads_cpus(pid) for pid in status["trainer_pids"]] == [{trainer_cpus}]
+    assert [threads_cpus(pid) for pid in status["engine_pids"]] == [{engine_cpus}]
+    assert [threads_cpus(pid) for pid in status["trainer_pids"]] == [{trainer_cpus}]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
@@ -260,7 +251,7 @@ PARTIAL = {**ASYNC, "rollout__max_staleness": 2, "rollout__partial_rollout": Tru
            "trainer__loss": "grpo", "rollout__proximal": "loglinear"}
 
 
-def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_path, address):
+def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_path, address, worker_pools):
     """rollout.partial_rollout with max_staleness 2: generations set aside after 2 tokens are continued in the next
     sampling by the next policy, so trained samples hold tokens of two versions; every sampling's tokens match the
     log-probs of the policy that sampled them (the trainer's snapshot of it), no token is more than 2 updates old
@@ -270,8 +261,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     from orchestrator.records.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("partial", address, **PARTIAL))
-    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-4000:]
+    run_here(worker_pools, cfg, run_dir=tmp_path / "whole")
     metrics = _metrics(tmp_path / "whole")
     assert all(0 < m["logprob_gap"] <= FP32_GAP for m in metrics), metrics
     assert [m["staleness_token_max"] for m in metrics] == [0, 1, 2, 2], metrics
@@ -288,7 +278,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
     # cut back to the iteration-2 checkpoint (which holds the batch drawn ahead), as a run killed during iteration
     # 3 or 4 is; killing the driver mid-run: the stop and one-step-overlap tests
     assert (tmp_path / "whole" / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2)
+    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2, pools=worker_pools)
     assert_ends_as(tmp_path / "cut", tmp_path / "whole")
 
 
@@ -297,7 +287,7 @@ def test_partial_rollouts_span_versions_within_the_bound_and_resume_exactly(tmp_
 IN_FLIGHT = {**ASYNC, "rollout__weight_update": "in_flight", "rollout__in_flight_step": 2}
 
 
-def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp_path, address):
+def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp_path, address, worker_pools):
     """Each batch after the first starts on the policy one update before the one that trains it and takes that
     policy in flight: its first 2 tokens per generation are one update old, the others are sampled by the
     training policy itself, and each group matches its own policy's log-probs (the snapshot's, and the
@@ -306,8 +296,7 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     from orchestrator.records.rundir import read_jsonl
 
     cfg = _write(tmp_path, _config("in_flight", address, **IN_FLIGHT))
-    whole = tide("run", cfg, "--run-dir", tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-4000:]
+    run_here(worker_pools, cfg, run_dir=tmp_path / "whole")
     metrics = _metrics(tmp_path / "whole")
     assert [(m["staleness"], m["behaviour_version"]) for m in metrics] == [(0, 0), (1, 0), (1, 1), (1, 2)]
     assert "staleness_tokens_0" not in metrics[0]
@@ -322,7 +311,7 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
     # cut back to the iteration-2 checkpoint (which holds the batch drawn ahead), as a run killed during iteration
     # 3 or 4 is; killing the driver mid-run: the stop and one-step-overlap tests
     assert (tmp_path / "whole" / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2)
+    resume_cut_back(tmp_path / "whole", tmp_path / "cut", 2, pools=worker_pools)
     assert_ends_as(tmp_path / "cut", tmp_path / "whole")
 
 
@@ -331,19 +320,16 @@ def test_weights_taken_in_flight_keep_each_tokens_version_and_resume_exactly(tmp
 BF16 = {"model__dtype": "bfloat16", "rollout__mismatch_correction": "tis"}
 
 
-def test_finished_run_extends_exactly(tmp_path, address):
+def test_finished_run_extends_exactly(tmp_path, address, worker_pools):
     """`tide resume RUN --iterations N` on a finished run continues as if the run had been started with N; here
     in bfloat16 with TIS, whose weights appear in the metrics."""
     from rollout.config import DEFAULT_LOGPROB_GAP
 
     short, full = tmp_path / "short", tmp_path / "full"
-    proc = tide("run", _write(tmp_path, _config("ext", address, iterations=2, **BF16)), "--run-dir", short)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    extended = tide("resume", short, "--iterations", 3)
-    assert extended.returncode == 0, extended.stderr[-4000:]
+    run_here(worker_pools, _write(tmp_path, _config("ext", address, iterations=2, **BF16)), run_dir=short)
+    resume_here(worker_pools, short, iterations=3)
     (tmp_path / "long").mkdir()
-    proc = tide("run", _write(tmp_path / "long", _config("ext", address, iterations=3, **BF16)), "--run-dir", full)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, _write(tmp_path / "long", _config("ext", address, iterations=3, **BF16)), run_dir=full)
     metrics = _metrics(short)
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
     assert (short / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
@@ -361,7 +347,7 @@ def test_finished_run_extends_exactly(tmp_path, address):
     assert refused.returncode == 2 and "already has a checkpoint at iteration 3" in refused.stderr
 
 
-def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address):
+def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address, worker_pools):
     """TP=2 ranks publish TP shards; two rollout nodes pull them through the transfer engine, merge them and vLLM
     serves the trainer's weights. Also a user's workload: the chat-format dataset of configs/chat_dataset.yaml
     through the tiny model's chat template, generation ending at a stop string, scored by the `math` built-in
@@ -382,8 +368,7 @@ def test_tp2_trainer_feeds_two_rollout_nodes_through_mooncake(tmp_path, address)
         model={"tiny": {**_config("x", address)["model"]["tiny"], "num_kv_heads": 2},  # one key/value head per TP rank
                "chat_template": "auto", "system_prompt": shipped["model"]["system_prompt"]}))
     try:
-        proc = tide("run", cfg, "--run-dir", tmp_path / "run")
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_here(worker_pools, cfg, run_dir=tmp_path / "run")
         metrics = _metrics(tmp_path / "run")
         assert [m["iteration"] for m in metrics] == [1, 2]
         for m in metrics:

@@ -1,10 +1,10 @@
-"""A LoRA run end to end (configs/lora.yaml and configs/lora_moe.yaml through the CLI, on the test session's Ray
-cluster): the engines serve the trainer's adapted policy within the log-prob gap bound every iteration, a KL term
-against the base (adapters off) is computed, RUN_DIR/hf is a PEFT adapter over the base, `tide export` writes and
-verifies the adapter and the merged model, and a run resumed from its checkpoint (adapters and optimizer state
-only) ends exactly as the uninterrupted one. The mixture-of-experts run (expert parallelism 2, adapters on every
-expert, merged sync) also exports an adapter that PEFT loads onto transformers' fused experts with Megatron's
-logits."""
+"""A LoRA run end to end (configs/lora.yaml and configs/lora_moe.yaml through the Python API on the test session's
+pooled ranks and engines; `tide export` through the CLI): the engines serve the trainer's adapted policy within the
+log-prob gap bound every iteration, a KL term against the base (adapters off) is computed, RUN_DIR/hf is a PEFT
+adapter over the base, `tide export` writes and verifies the adapter and the merged model, and a run resumed from
+its checkpoint (adapters and optimizer state only) ends exactly as the uninterrupted one. The mixture-of-experts run
+(expert parallelism 2, adapters on every expert, merged sync) also exports an adapter that PEFT loads onto
+transformers' fused experts with Megatron's logits."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.run_helpers import ROOT, assert_ends_as, resume_cut_back, tide
+from tests.integration.run_helpers import ROOT, assert_ends_as, resume_cut_back, run_here, tide
 
 pytestmark = pytest.mark.slow
 
@@ -38,15 +38,14 @@ RUNS = {"adapter": ("lora.yaml", 3), "merged": ("lora_moe.yaml", 2)}
 
 
 @pytest.mark.parametrize("sync", list(RUNS))
-def test_lora_run_serves_exports_and_resumes_exactly(tmp_path, address, sync):
+def test_lora_run_serves_exports_and_resumes_exactly(tmp_path, address, sync, worker_pools):
     """Both syncs serve the trainer's policy; the adapter sync moves only the adapter (its publish a few percent
     of the model's). The merged export and the resume are checked once (they do not depend on the sync)."""
     from peft import PeftConfig
 
     whole = tmp_path / "whole"
     config, iterations = RUNS[sync]
-    proc = tide("run", _config(tmp_path, address, config, iterations), "--run-dir", whole)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, _config(tmp_path, address, config, iterations), run_dir=whole)
     assert yaml.safe_load((whole / "config.yaml").read_text())["trainer"]["lora"]["sync"] == sync
     metrics = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == iterations
@@ -92,5 +91,5 @@ def test_lora_run_serves_exports_and_resumes_exactly(tmp_path, address, sync):
         exported = tide("export", whole, out, *args, timeout=300)
         assert exported.returncode == 0, exported.stderr[-4000:]
         assert "verified" in exported.stdout and (out / shows).is_file(), exported.stdout
-    resume_cut_back(whole, tmp_path / "cut", 2)
+    resume_cut_back(whole, tmp_path / "cut", 2, pools=worker_pools)
     assert_ends_as(tmp_path / "cut", whole)

@@ -12,7 +12,7 @@ import os
 import pytest
 import yaml
 
-from tests.integration.run_helpers import tide
+from tests.integration.run_helpers import run_here
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 TIMED = ("seconds", "per_s", "_s", "time")
 
 
-def _run(tmp_path, address: str, offload: bool, sync_mode: str = "reload") -> tuple[list[dict], list[dict]]:
+def _run(tmp_path, address: str, pools, offload: bool, sync_mode: str = "reload") -> tuple[list[dict], list[dict]]:
     name = f"{'offload' if offload else 'resident'}-{sync_mode}"
     cfg = {
         "name": f"offload-{name}", "deterministic": True, "iterations": 2, "save_every": 1, "keep_checkpoints": 1,
@@ -37,15 +37,14 @@ def _run(tmp_path, address: str, offload: bool, sync_mode: str = "reload") -> tu
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / name
-    proc = tide("run", path, "--run-dir", run_dir, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(pools, path, run_dir=run_dir)
     read = lambda f: [json.loads(line) for line in (run_dir / f).read_text().splitlines()]  # noqa: E731
     return read("metrics.jsonl"), read("timings.jsonl")
 
 
-def test_offloading_between_phases_ends_as_the_run_that_keeps_its_memory(tmp_path, address):
-    offloaded, timings = _run(tmp_path, address, offload=True)
-    resident, resident_timings = _run(tmp_path, address, offload=False)
+def test_offloading_between_phases_ends_as_the_run_that_keeps_its_memory(tmp_path, address, worker_pools):
+    offloaded, timings = _run(tmp_path, address, worker_pools, offload=True)
+    resident, resident_timings = _run(tmp_path, address, worker_pools, offload=False)
     assert len(offloaded) == len(resident) == 2
     for a, b in zip(offloaded, resident):
         assert {"reward_mean", "loss", "grad_norm", "kl_ref", "logprob_gap"} <= a.keys()
@@ -64,7 +63,7 @@ def test_offloading_between_phases_ends_as_the_run_that_keeps_its_memory(tmp_pat
 
     # restart: the engines stopped at each onload (before the trainer's log-probs and its checkpoints), started by
     # the sync on the new weights, or by the next rollout on the weights they served after a checkpoint
-    stopped, timings = _run(tmp_path, address, offload=True, sync_mode="restart")
+    stopped, timings = _run(tmp_path, address, worker_pools, offload=True, sync_mode="restart")
     for a, b in zip(stopped, resident):
         kept = [k for k in a if not any(t in k for t in TIMED)]
         assert {k: a[k] for k in kept} == {k: b[k] for k in kept}

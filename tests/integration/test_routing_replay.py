@@ -164,7 +164,7 @@ def test_the_loop_records_the_replay_figures_the_train_step_reports():
     assert {k for k in step if not k.startswith("behaviour_gap")} <= set(TRAIN_METRICS)
 
 
-def test_partial_rollouts_replay_their_segments_routing(tmp_path, address):
+def test_partial_rollouts_replay_their_segments_routing(tmp_path, address, worker_pools):
     """rollout.partial_rollout with replay: a generation continued in later batches is several engine calls,
     whose records merge (rollout/routing_capture.extend_record). With weights that do not move (no warm start:
     every reward and advantage 0), every merged record names the experts the trainer's routers pick, position by
@@ -172,15 +172,14 @@ def test_partial_rollouts_replay_their_segments_routing(tmp_path, address):
     import json
     import os
 
-    from tests.integration.run_helpers import ROOT, tide
+    from tests.integration.run_helpers import ROOT, run_here
 
     run = tmp_path / "run"
-    proc = tide("run", ROOT / "configs/models/qwen3_moe.yaml", f"ray.address={address}", "iterations=3",
-                "save_every=100", "trainer.warmup_sft_steps=0", "trainer.moe.routing_replay=rollout",
-                "rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.partial_rollout_tokens=2",
-                "rollout.mismatch_correction=tis", f"publish.shm_root=/dev/shm/tide-test-replay-{os.getpid()}",
-                "--run-dir", run, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_here(worker_pools, ROOT / "configs/models/qwen3_moe.yaml", f"ray.address={address}", "iterations=3",
+             "save_every=100", "trainer.warmup_sft_steps=0", "trainer.moe.routing_replay=rollout",
+             "rollout.max_staleness=2", "rollout.partial_rollout=true", "rollout.partial_rollout_tokens=2",
+             "rollout.mismatch_correction=tis", f"publish.shm_root=/dev/shm/tide-test-replay-{os.getpid()}",
+             run_dir=run)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["partial_continued"] for m in metrics) > 0
     for m in metrics:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.integration.run_helpers import ROOT, TIDE, tide
+from tests.integration.run_helpers import ROOT, TIDE, run_here, tide
 
 pytestmark = pytest.mark.slow
 
@@ -99,12 +99,11 @@ def _tensors(directory: Path) -> dict:
     return {name: t for f in sorted(directory.glob("*.safetensors")) for name, t in load_file(f).items()}
 
 
-def _twin(tmp: Path, address: str, name: str, **parallel) -> Path:
-    """The same run with every rank on one node, on the session's (one-node) cluster."""
+def _twin(tmp: Path, address: str, pools, name: str, **parallel) -> Path:
+    """The same run with every rank on one node, on the session's (one-node) cluster, in this process on its
+    pooled ranks and engines."""
     run_dir = tmp / f"{name}-one-node"
-    proc = tide("run", _config(tmp, address, name, **parallel), "--run-dir", run_dir, "placement.trainer_nodes=1")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+    return run_here(pools, _config(tmp, address, name, **parallel), "placement.trainer_nodes=1", run_dir=run_dir)
 
 
 def _check_parts(seen: dict[str, dict[str, set[str]]], stage_tag: str, restarted: bool = False) -> None:
@@ -123,7 +122,8 @@ def _check_parts(seen: dict[str, dict[str, set[str]]], stage_tag: str, restarted
         assert {f.split(stage_tag)[1][:2] for f in every} == {"00", "01"}
 
 
-def test_pipeline_stages_on_two_nodes_publish_apart_and_learn_as_one_node(sim_cluster, address, tmp_path):
+def test_pipeline_stages_on_two_nodes_publish_apart_and_learn_as_one_node(sim_cluster, address, tmp_path,
+                                                                          worker_pools):
     run_dir = tmp_path / "two-nodes"
     cfg = _config(tmp_path, sim_cluster["address"], "pp2")
     head_root = yaml.safe_load(cfg.read_text())["publish"]["shm_root"]
@@ -138,7 +138,7 @@ def test_pipeline_stages_on_two_nodes_publish_apart_and_learn_as_one_node(sim_cl
         assert a > 0 and b > 0 and 0.3 < a / (a + b) < 0.7, m
     for root in [head_root, *sim_cluster["roots"]]:  # nothing left in any node's shared memory
         assert not Path(root).exists() or not any(Path(root).iterdir()), root
-    _assert_learns_as(run_dir, _twin(tmp_path, address, "pp2"))
+    _assert_learns_as(run_dir, _twin(tmp_path, address, worker_pools, "pp2"))
     # `tide export` rebuilds the served weights from the two-node run's checkpoint (no Ray, no node)
     exported = tide("export", run_dir, tmp_path / "exported", timeout=300)
     assert exported.returncode == 0, exported.stderr[-4000:]
@@ -168,7 +168,7 @@ SLOW_PULL = ["transfer.mooncake.bucket_bytes=4096", "transfer.mooncake.concurren
 
 
 def test_data_parallel_replicas_split_the_publish_and_a_node_agent_killed_mid_pull_restarts_the_run(
-        sim_cluster, address, tmp_path):
+        sim_cluster, address, tmp_path, worker_pools):
     """A data-parallel replica per node, each writing half of the checkpoint. While the engine's node pulls
     iteration 2, the agent serving the shard it is pulling (a worker node's) is SIGKILLed: the pull fails naming
     that node and shard, nothing of iteration 2 is loaded (no manifest on the engine's node), `--max-restarts`
@@ -199,7 +199,7 @@ def test_data_parallel_replicas_split_the_publish_and_a_node_agent_killed_mid_pu
     first_failure = (run_dir / "error.log").read_text().split("\n=====")[0]
     assert "TransferError" in first_failure or "PeerUnavailableError" in first_failure, first_failure[-3000:]
     assert "node 'trainer" in first_failure and killed[1] in first_failure, (killed, first_failure[-3000:])
-    _assert_learns_as(run_dir, _twin(tmp_path, address, "dp2", pp=1, dp=2))
+    _assert_learns_as(run_dir, _twin(tmp_path, address, worker_pools, "dp2", pp=1, dp=2))
 
 
 def seen_so_far(watch: ShardWatch) -> dict:

@@ -5,6 +5,7 @@ nothing behind. The 1000-iteration soak with five kinds of fault: docs/training.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp_path):
+def test_quick_soak_restarts_through_faults_and_ends_as_an_uninterrupted_run(tmp_path, worker_pools):
     # the quickstart job with an eighth of its rollout: the suite's time goes to the restarts
     job = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     job["rollout"] |= {"prompts_per_iteration": 16, "n_samples": 4}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out, work = tmp_path / "soak.json", tmp_path / "work"
+    # the uninterrupted run it must end as (soak.py --quick's settings), in this process on the session's pooled
+    # ranks and engine: the soak's own processes are the faulted run's
+    from tests.integration.run_helpers import run_here
+
+    reference = run_here(worker_pools, tmp_path / "job.yaml", "iterations=16", "save_every=4",
+                         "rollout.engine_call_timeout_s=20.0",
+                         f"publish.shm_root=/dev/shm/tide-test-soak-{os.getpid()}", run_dir=tmp_path / "reference")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--quick", "--config",
                            str(tmp_path / "job.yaml"), "--work-dir", str(work), "--out", str(out),
-                           "--restart-backoff", "0"], capture_output=True, text=True, timeout=1200, cwd=ROOT)
+                           "--restart-backoff", "0", "--reference", str(reference)], capture_output=True, text=True,
+                          timeout=1200, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert {g["name"]: g["met"] for g in doc["goals"]} == {g["name"]: True for g in doc["goals"]}
