@@ -46,7 +46,8 @@ Writes DIR/gpu_check.json (default DIR: bench_results/) with every figure and ch
 and exits 1 when any check fails (the failed checks are named on the last line), 0 otherwise. `--quick` uses
 the smallest sizes (the CPU test); `--fault swap-rows` swaps two rows of one converted tensor in the
 transformers model (a deliberate conversion error: the logits checks must fail); `--fault skip-load` has the resumed
-rank not load the checkpoint (resume_exact must fail).
+rank not load the checkpoint (resume_exact must fail); `--fault base-moves` moves a base parameter during the LoRA
+steps (lora_base_frozen must fail).
 
 On the GPU machine (torch, transformers, jax there; megatron-core and a few pure-Python packages travel as
 wheels): `bash scripts/gpu_check.sh` (see that file).
@@ -576,9 +577,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="bf16 train steps per family (default 3, 6 full)")
     ap.add_argument("--lr", type=float, default=5e-3, help="learning rate of the train steps")
     ap.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl on cuda, gloo on cpu)")
-    ap.add_argument("--fault", choices=("swap-rows", "skip-load"), action="append", default=[],
+    ap.add_argument("--fault", choices=("swap-rows", "skip-load", "base-moves"), action="append", default=[],
                     help="swap-rows: a conversion error on the transformers side (the logits checks must fail); "
                          "skip-load: the resumed rank does not load the checkpoint (resume_exact must fail); "
+                         "base-moves: a LoRA step that moves a base parameter (lora_base_frozen must fail); "
                          "repeatable")
     args = ap.parse_args(argv)
     args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")

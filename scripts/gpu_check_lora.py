@@ -88,6 +88,11 @@ def _family(fam: str, args, work: Path, checks, gc: ModuleType) -> dict:
         losses = [worker.train_step(batch, mode="sft", lr=LORA_LR)["loss"] for _ in range(args.steps)]
         rec["losses_bf16"] = losses
         checks.add(f"{fam}/lora_loss_decreases", losses[-1] < losses[0], value=losses[-1], bound=losses[0])
+        if "base-moves" in args.fault:  # what an optimizer holding a base parameter would do to it
+            name, moved_param = next((n, p) for n, p in worker.module.named_parameters() if n in before)
+            with torch.no_grad():
+                moved_param.view(-1)[0] += 1
+            gc.log(f"fault: moved one element of base parameter {name}")
         after = _base_parameters(worker)
         moved = sorted(n for n in before if not torch.equal(before[n], after[n]))
         checks.add(f"{fam}/lora_base_frozen", not moved and before.keys() == after.keys() and len(before) > 0,

@@ -29,6 +29,11 @@ def is_moe(hf_config: Any) -> bool:
     return any(getattr(hf_config, f, None) for f in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
+def stacks_experts(hf_config: Any) -> bool:
+    """Whether the family's checkpoint holds each layer's experts as one tensor (gpt_oss), not a module per expert."""
+    return getattr(family(hf_config), "STACKED_EXPERTS", False)
+
+
 def check_supported(hf_config: Any) -> None:
     """Raise UnsupportedModelError naming every config.json field whose computation the trainer would not
     reproduce, or the engines (vLLM) would not compute as transformers does (engine_config.engine_problems), each
@@ -36,4 +41,5 @@ def check_supported(hf_config: Any) -> None:
     refuse_all(hf_config, [lambda c: family(c).problems(c), engine_problems])
 
 
-__all__ = ["family", "check_supported", "is_moe", "UnsupportedModelError", "AttentionShape", "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]
+__all__ = ["family", "check_supported", "is_moe", "stacks_experts", "UnsupportedModelError", "AttentionShape",
+           "ConversionError", "HFTensor", "RankLayout", "fuse_qkv", "split_qkv", "tp_slice"]

@@ -42,6 +42,8 @@ from .support import Refusal, common_problems, refuse_all, rope_parameters
 
 # Megatron allows expert biases only with expert tensor parallelism 1
 EXPERT_TENSOR_PARALLEL = False
+# each layer's experts one tensor in the checkpoint (mlp.experts.gate_up_proj, down_proj): no per-expert projection
+STACKED_EXPERTS = True
 # yarn's attention factor is in the softmax scale (megatron_transformer_kwargs)
 ROPE_ATTENTION_FACTOR_IN_SOFTMAX_SCALE = True
 

@@ -383,7 +383,7 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
     windows, soft-capping, ...) stops the run here, naming the field, before anything starts."""
     from transformers import AutoConfig
 
-    from ckpt_transfer.convert import UnsupportedModelError, check_supported, is_moe
+    from ckpt_transfer.convert import UnsupportedModelError, check_supported, is_moe, stacks_experts
 
     hf_config = AutoConfig.from_pretrained(model_dir)
     try:
@@ -395,6 +395,13 @@ def _check_model_supported(model_dir: str, cfg: TideConfig) -> None:
         if not cfg.rollout.record_routing:
             raise ConfigError("trainer.moe.routing_replay: rollout needs the engines to record the experts they route "
                               "to: rollout.record_routing true")
+    if cfg.trainer.lora is not None and stacks_experts(hf_config):
+        from trainer.megatron.lora import LoRAError, check_stacked_experts_untargeted
+
+        try:
+            check_stacked_experts_untargeted(hf_config, cfg.trainer.lora.target_modules)
+        except LoRAError as e:
+            raise ConfigError(str(e)) from None
     if (lora := engine_lora(cfg.trainer.lora)) is not None:
         from rollout.engine_errors import EngineError
         from rollout.lora_serving import check_servable

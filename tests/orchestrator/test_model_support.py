@@ -67,6 +67,22 @@ def test_unsupported_model_exits_2_naming_the_field(tmp_path, llama3_dir, fields
     assert not (tmp_path / "run").exists()
 
 
+def test_lora_on_stacked_experts_exits_2_naming_the_targets(tmp_path):
+    """gpt_oss's checkpoint stacks each layer's experts in one tensor: LoRA's default targets (the MLP projections
+    among them) are refused at start-up, naming them and what can be adapted, before any rank starts."""
+    from rollout.tasks import AdditionTask
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
+
+    spec = TinyModelConfig(family="gpt_oss", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                           num_experts=4)
+    model = build_tiny_model(tmp_path / "gpt_oss", AdditionTask(1).corpus(), spec)
+    proc = _run(tmp_path, model, "trainer.lora={rank: 4, alpha: 8, sync: merged}", "rollout.sync_mode=restart")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert ("trainer.lora.target_modules ['down_proj', 'gate_proj', 'up_proj']: LoRA on gpt_oss's experts is not "
+            "implemented") in " ".join(proc.stderr.split()), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_routing_replay_on_a_dense_model_exits_2(tmp_path, llama3_dir):
     proc = _run(tmp_path, llama3_dir, "trainer.moe.routing_replay=rollout")
     assert proc.returncode == 2, proc.stderr[-3000:]

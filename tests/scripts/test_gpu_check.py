@@ -148,17 +148,19 @@ def test_gpu_check_passes_on_cpu_for_every_family_and_the_jax_engine(tmp_path):
 
 def test_gpu_check_fails_naming_the_check_when_a_converted_tensor_is_wrong(tmp_path):
     """Two rows of one converted matrix swapped on the transformers side (and of one adapter's B on PEFT's): the
-    exact (fp32) logits checks fail; a resumed rank that never loaded the checkpoint: the resume check fails; the
-    script exits 1 and names them; what the faults do not touch still passes."""
+    exact (fp32) logits checks fail; a resumed rank that never loaded the checkpoint: the resume check fails; a base
+    parameter moved during the LoRA steps: the frozen-base check fails; the script exits 1 and names them; what the
+    faults do not touch still passes."""
     proc, report = _run(tmp_path, "--families", "qwen2", "--no-jax", "--fault", "swap-rows", "--fault", "skip-load",
-                        "--no-long", "--no-offload", "--lora-families", "qwen2")
+                        "--fault", "base-moves", "--no-long", "--no-offload", "--lora-families", "qwen2")
     assert proc.returncode == 1, proc.stdout[-4000:]
-    assert {"qwen2/logits_fp32", "qwen2/resume_exact", "qwen2/lora_peft_logits_fp32"} <= set(report["failed"])
+    assert {"qwen2/logits_fp32", "qwen2/resume_exact", "qwen2/lora_peft_logits_fp32",
+            "qwen2/lora_base_frozen"} <= set(report["failed"])
     assert not report["ok"]
     last = proc.stdout.strip().splitlines()[-1]
     assert "FAILED" in last and "qwen2/logits_fp32" in last and "qwen2/resume_exact" in last
     resume = report["families"]["qwen2"]["resume"]
     assert resume["losses_continued"] != resume["losses_resumed"] and resume["max_abs_diff"] > 0
     passed = {c["name"] for c in report["checks"] if c["ok"]}
-    assert {"qwen2/loss_decreases", "qwen2/update_size", "qwen2/roundtrip"} <= passed
+    assert {"qwen2/loss_decreases", "qwen2/update_size", "qwen2/roundtrip", "qwen2/lora_loss_decreases"} <= passed
     assert report["families"]["qwen2"]["logits"]["fp32_max_abs_diff"] > report["bounds"]["fp32_logits_abs"]

@@ -273,3 +273,41 @@ def test_expert_parallel_ranks_hold_and_train_the_experts_adapters_one_rank_does
     # shows at ~1e-4 of lr (8e-5 measured); a gradient of the wrong scale shows in the norm above
     assert (after[worst] - one_after[worst]).abs().max().item() <= 5e-4 * 2e-2, worst
     _assert_equal(saved, one_saved)
+
+
+def test_gpt_oss_adapts_its_attention_and_refuses_its_stacked_experts_by_name(rank_pool, seqs, tmp_path_factory,
+                                                                              tmp_path):
+    """gpt_oss's checkpoint stacks each layer's experts in one tensor (mlp.experts.gate_up_proj, down_proj): there
+    is no expert projection for a PEFT adapter to name, and targeting the MLP projections is refused by name before
+    any step; its attention projections take adapters, train, and the merged publish (experts as they were) gives
+    Megatron's logits in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.workers.trainer_group import TrainerGroup
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
+
+    spec = TinyModelConfig(family="gpt_oss", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                           num_layers=2, num_experts=4, experts_per_token=2, init_std=0.1)
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("lora-gpt-oss") / "model", AdditionTask(1).corpus(), spec)
+
+    def group(lora):
+        cfg = TrainerConfig(lora=lora, micro_batch_size=8)
+        return TrainerGroup(TrainerSpec(hf_dir=str(model_dir), trainer=cfg), pool=rank_pool)
+
+    with pytest.raises(Exception, match=r"target_modules \['down_proj', 'gate_proj', 'up_proj'\]: LoRA on gpt_oss's "
+                                        r"experts is not implemented .* target its attention projections"):
+        group(LORA)
+    attention = LoRAConfig(rank=4, alpha=8.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    trained = group(attention)
+    try:
+        losses = _train(trained, seqs)
+        assert losses[-1] < losses[0]
+        names = sorted(trained.adapter())
+        merged = trained.publish("lora", 1, str(tmp_path / "merged"), shard_bytes=1 << 20)
+        tokens = [s.prompt_ids + s.completion_ids for s in seqs[:4]]
+        megatron_logits = trained.logits(tokens)
+    finally:
+        trained.shutdown()
+    assert len(names) == 2 * 4 * 2 and all(".self_attn." in n for n in names), names  # A, B; 4 projections; 2 layers
+    _assert_logits(AutoModelForCausalLM.from_pretrained(merged.directory, dtype=torch.float32), tokens,
+                   megatron_logits)

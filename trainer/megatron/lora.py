@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 from torch import nn
 
-from ckpt_transfer.convert.common import HFTensor, RankLayout
+from ckpt_transfer.convert.common import ConversionError, HFTensor, RankLayout
 
 if TYPE_CHECKING:
     from trainer.config import LoRAConfig
@@ -91,8 +91,15 @@ def plan_parts(module: nn.Module, hf_config: Any, layout: RankLayout, targets: l
         if not name.startswith("decoder.layers.") or not isinstance(linear, (ColumnParallelLinear, RowParallelLinear)):
             continue
         column = isinstance(linear, ColumnParallelLinear)
+        try:
+            probed = _probe(convert, f"{name}.weight", linear.weight.detach(), column, hf_config, probe_layout)
+        except ConversionError:
+            if not getattr(linear, "is_expert", False):
+                raise
+            check_stacked_experts_untargeted(hf_config, targets)
+            continue  # an expert of a checkpoint that stacks them (gpt_oss): no projection of its own to adapt
         parts = []
-        for t, rows in _probe(convert, f"{name}.weight", linear.weight.detach(), column, hf_config, probe_layout):
+        for t, rows in probed:
             hf_module = t.name.removesuffix(".weight")
             if hf_module.rsplit(".", 1)[1] not in targets:
                 continue
@@ -105,6 +112,22 @@ def plan_parts(module: nn.Module, hf_config: Any, layout: RankLayout, targets: l
         if parts:
             plan[name] = parts
     return plan
+
+
+# the experts' projections as PEFT users name them, per expert or stacked
+EXPERT_TARGETS = ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3")
+
+
+def check_stacked_experts_untargeted(hf_config: Any, targets: list[str]) -> None:
+    """A family whose checkpoint stacks each layer's experts in one tensor (gpt_oss: mlp.experts.gate_up_proj,
+    down_proj) has no per-expert projection an adapter could be named after (PEFT adapts those stacks through
+    `target_parameters`, another parameterisation): targeting the MLP projections is refused by name."""
+    asked = sorted(set(targets) & set(EXPERT_TARGETS))
+    if asked:
+        raise LoRAError(f"trainer.lora.target_modules {asked}: LoRA on {hf_config.model_type}'s experts is not "
+                        f"implemented (its checkpoint stacks each layer's experts in one tensor, with no projection "
+                        f"of an expert's own to adapt); target its attention projections (q_proj, k_proj, v_proj, "
+                        f"o_proj)")
 
 
 def _peft_init(part: Part, rank: int, seed: int) -> torch.Tensor:
