@@ -143,7 +143,7 @@ def _wait_for_iteration(proc: subprocess.Popen, run_dir: Path, iteration: int) -
     pytest.fail(f"run never reached iteration {iteration}")
 
 
-def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_path, address):
+def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_path, address, worker_pools):
     """A scheduler's SIGTERM unwinds like Ctrl-C (exit 130, engines stopped, nothing left in /dev/shm; not Ray's
     native abort, exit 134, no cleanup); stopped in iteration 1, the run resumes from the warm start's checkpoint
     (iteration 0) without warming up again. The resumed run is then SIGKILLed with its whole process group (no
@@ -183,8 +183,7 @@ def test_stopped_anywhere_then_resumed_matches_uninterrupted(reference_run, tmp_
     assert RunDir(run_dir).status()["state"] == "failed"  # status.json says running; its driver is gone
     recorded = [m["iteration"] for m in _metrics(run_dir)]
     assert recorded[:3] == [1, 2, 3] and recorded == list(range(1, len(recorded) + 1)), recorded
-    resumed = tide("resume", run_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    resume_here(worker_pools, run_dir)  # the computation to its end: in this process, on the pooled workers
     assert_ends_as(run_dir, reference_run)
 
 
@@ -239,8 +238,7 @@ def test_one_step_overlap_keeps_its_staleness_and_resumes_exactly(tmp_path, addr
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert (run_dir / "checkpoints" / "iter_0000002" / "drawn_ahead.pkl").is_file()
-    resumed = tide("resume", run_dir)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    resume_here(worker_pools, run_dir)
     assert_ends_as(run_dir, tmp_path / "whole")
 
 
