@@ -30,7 +30,10 @@ class ReusableEngine(RolloutEngine):
         os.environ.clear()
         os.environ.update(self._environ)
         pin_threads(self._any_cpu)  # the last engine's cores (placement.mode disaggregated) are not this one's
-        if self._vllm is not None:  # vLLM froze the last engine's environment when it started (enable_envs_cache)
+        if self._vllm is not None:
+            # vLLM froze the last engine's environment when its engine core started (enable_envs_cache); its
+            # in-process teardown unfreezes it (cleanup_dist_env_and_memory), which a teardown that failed half-way
+            # may not have reached
             from vllm import envs
 
             envs.disable_envs_cache()

@@ -427,3 +427,19 @@ def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tm
         assert max(abs(a - b) for a, b in zip(ours, vllm)) <= 1e-4
 
 
+
+
+def test_a_pooled_run_that_fails_hands_its_workers_back(tmp_path, address, worker_pools):
+    """A run on the pools that stops on an error after start-up (here its reward function raising in the first
+    reward phase) raises it, says so in status.json and hands its rank and engine processes back stopped: the pools
+    hold at least as many idle processes as before, and the next run on them finishes."""
+    (tmp_path / "boom.py").write_text("def boom(completions, **kwargs):\n    raise ValueError('boom')\n")
+    idle = (len(worker_pools.ranks._idle), len(worker_pools.engines._idle))
+    cfg = _config("fails", address, iterations=1, rewards=[{"fn": f"{tmp_path / 'boom.py'}:boom"}])
+    with pytest.raises(Exception, match="boom"):
+        run_here(worker_pools, _write(tmp_path, cfg), run_dir=tmp_path / "failed")
+    assert json.loads((tmp_path / "failed" / "status.json").read_text())["state"] == "failed"
+    assert (len(worker_pools.ranks._idle), len(worker_pools.engines._idle)) >= (max(idle[0], 1), max(idle[1], 1))
+    fine = {k: v for k, v in cfg.items() if k != "rewards"}
+    run_here(worker_pools, _write(tmp_path, fine), run_dir=tmp_path / "next")
+    assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"

@@ -26,22 +26,22 @@ def moe_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def rollout(ray_cluster, moe_dir):
-    """Samples of one rollout on the model's initial weights (the engine is stopped again)."""
+def rollout(worker_pools, moe_dir):
+    """Samples of one rollout on the model's initial weights (the engine, in a pooled process, is stopped again)."""
     import ray
 
     from rollout.config import EngineConfig
-    from rollout.engine import RolloutEngine
     from rollout.tasks import AdditionTask
 
     cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=True)
-    engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(moe_dir), cfg, dtype=DTYPE, deterministic=True)
+    engine = worker_pools.engines.take()
     try:
+        ray.get(engine.start.remote(str(moe_dir), cfg, dtype=DTYPE, deterministic=True), timeout=600)
         problems = AdditionTask(1).problems(0, 1, 16)
         return ray.get(engine.generate.remote(problems, 4, 4, 1.0, 0), timeout=600)
     finally:
-        ray.get(engine.shutdown.remote(process_ends=True), timeout=120)
-        ray.kill(engine)
+        ray.get(engine.stop.remote(), timeout=120)
+        worker_pools.engines.give_back(engine)
 
 
 @pytest.fixture(scope="module")
@@ -85,27 +85,29 @@ def test_rollout_records_every_tokens_experts(rollout):
         assert all((np.sort(g, -1) == np.sort(group[0], -1)).all() for g in group)
 
 
-def test_a_compiled_engine_in_its_own_processes_records_the_routing_transformers_computes(ray_cluster, moe_dir):
+def test_a_compiled_engine_in_its_own_processes_records_the_routing_transformers_computes(worker_pools, moe_dir):
     """Recording where a cluster runs its engines: the engine core in a child process (engine_process separate),
     the model in two tensor-parallel worker processes and compiled (torch.compile; CUDA graphs on GPUs). In
     float32 every recorded routing is the one the model's own router (transformers) picks for that token,
-    position by position."""
+    position by position. The engine's actor is a pooled process, which may have run inline engines before: its
+    engine core must start in a process of its own all the same (vLLM's cached environment reset)."""
     import ray
     import torch
     from transformers import AutoModelForCausalLM
 
     from rollout.config import EngineConfig
-    from rollout.engine import RolloutEngine
     from rollout.tasks import AdditionTask
 
     cfg = EngineConfig(kv_cache_gb=0.125, enforce_eager=False, engine_process="separate", tp=2,
                        engine_start_timeout_s=600)
-    engine = ray.remote(num_cpus=0)(RolloutEngine).remote(str(moe_dir), cfg, dtype="float32", deterministic=True)
+    engine = worker_pools.engines.take()
     try:
+        engine_pid = ray.get(engine.start.remote(str(moe_dir), cfg, dtype="float32", deterministic=True), timeout=900)
+        assert engine_pid != ray.get(engine.process.remote(), timeout=60)[1]  # a child process, not the actor's
         samples = ray.get(engine.generate.remote(AdditionTask(1).problems(0, 1, 8), 2, 4, 1.0, 0), timeout=900)
     finally:
-        ray.get(engine.shutdown.remote(), timeout=120)
-        ray.kill(engine)
+        ray.get(engine.stop.remote(), timeout=120)
+        worker_pools.engines.give_back(engine)
     model = AutoModelForCausalLM.from_pretrained(str(moe_dir), dtype=torch.float32).eval()
     assert len(samples) == 16
     for s in samples:

@@ -44,13 +44,14 @@ def seqs(model_dir):
 
 
 @pytest.fixture(scope="module")
-def engines(ray_cluster, model_dir):
+def engines(worker_pools, model_dir):
     from orchestrator.workers.rollout_group import RolloutGroup
     from rollout.config import EngineConfig, EngineLoRAConfig
 
     cfg = EngineConfig(kv_cache_gb=0.125, engine_start_timeout_s=400,
                        lora=EngineLoRAConfig(rank=LORA.rank, alpha=LORA.alpha, target_modules=LORA.target_modules))
-    group = RolloutGroup([str(model_dir)], cfg, dtype="float32", seed=0, deterministic=False)
+    group = RolloutGroup([str(model_dir)], cfg, dtype="float32", seed=0, deterministic=False,
+                         pool=worker_pools.engines)
     try:
         group.wait_started()
         yield group
