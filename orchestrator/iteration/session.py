@@ -160,7 +160,7 @@ class Session:
                 engine = cfg.rollout.engine_config(cfg.iterations)
                 engine = engine.model_copy(update={"extra_env": placement.engine_env(engine.extra_env),
                                                    "lora": engine_lora(cfg.trainer.lora)})
-                pooled = pools is not None and placement.engines_anywhere
+                pooled = pools is not None and cfg.rollout.device == "cpu"  # on CPU nothing places the engines
                 group = RolloutGroup(dirs, engine, dtype=cfg.model.dtype,
                                      seed=cfg.seed, deterministic=cfg.deterministic, stop=cfg.rollout.stop,
                                      stop_token_ids=task.renderer.end_of_turn_ids(),
@@ -180,7 +180,7 @@ class Session:
                                                      and not cfg.transfer.enabled)
             early = launch_engines([model_dir] * cfg.rollout.engines) if overlap else None
             with startup("startup/trainer"):
-                pooled = pools is not None and placement.ranks_anywhere
+                pooled = pools is not None and cfg.trainer.device == "cpu" and placement.trainer is None
                 trainer = TrainerGroup(TrainerSpec(hf_dir=model_dir, trainer=cfg.trainer, seed=cfg.seed,
                                                    deterministic=cfg.deterministic, dtype=cfg.model.dtype),
                                        placement=None if pooled else placement.trainer_rank,

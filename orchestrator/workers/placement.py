@@ -40,8 +40,6 @@ class Placement:
     ranks_per_node: int | None = None  # a trainer spanning nodes: consecutive ranks per bundle
     shares_gpus: bool = False  # colocated on GPUs: engines on the trainer ranks' GPUs
     rank_gpus: list[str] | None = None  # colocated on GPUs: each rank's GPU id on its node (`colocate`)
-    rank_device: str = "cpu"  # trainer.device, rollout.device
-    engine_device: str = "cpu"
 
     @classmethod
     def reserve(cls, trainer: TrainerConfig, rollout: RolloutConfig, mode: Mode | None = None,
@@ -49,8 +47,7 @@ class Placement:
         """Reserve (and wait for) the GPUs of the trainer ranks and of the engines; raise naming what does not
         fit, with the free GPUs per node. Disaggregated on CPU: split this process's cores (`split_cpus`).
         `trainer_nodes` > 1: the ranks spread over that many nodes (`spread_trainer`)."""
-        placement = cls(tp=rollout.tp, rank_device=trainer.device, engine_device=rollout.device)
-        mode = resolved_mode(mode, trainer, rollout)
+        placement, mode = cls(tp=rollout.tp), resolved_mode(mode, trainer, rollout)
         if mode == "disaggregated" and "cuda" not in (trainer.device, rollout.device):
             if trainer_nodes > 1:
                 raise ValueError("placement.mode disaggregated on CPU splits one host's cores between engines and "
@@ -74,16 +71,6 @@ class Placement:
             placement.release()
             raise
         return placement
-
-    @property
-    def ranks_anywhere(self) -> bool:
-        """CPU trainer ranks that may run in any process on the driver's node (orchestrator/workers/pools.py)."""
-        return self.trainer is None and not self.shares_gpus and self.rank_device == "cpu"
-
-    @property
-    def engines_anywhere(self) -> bool:
-        """CPU engines that may run in any process on the driver's node."""
-        return self.engines is None and not self.shares_gpus and self.engine_device == "cpu"
 
     def engine_env(self, extra_env: dict[str, str]) -> dict[str, str]:
         """The engines' environment (rollout.extra_env) with their OpenMP threads bound to their cores."""

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ckpt_transfer.convert.common import ConversionError, HFTensor, RankLayout
+from trainer.memory_plan import LORA_MLP
 
 if TYPE_CHECKING:
     from trainer.config import LoRAConfig
@@ -114,8 +115,8 @@ def plan_parts(module: nn.Module, hf_config: Any, layout: RankLayout, targets: l
     return plan
 
 
-# the experts' projections as PEFT users name them, per expert or stacked
-EXPERT_TARGETS = ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3")
+# the experts' projections as PEFT users name them: per expert (the planner's MLP targets) or stacked
+EXPERT_TARGETS = (*LORA_MLP, "gate_up_proj")
 
 
 def check_stacked_experts_untargeted(hf_config: Any, targets: list[str]) -> None:
