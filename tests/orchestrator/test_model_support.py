@@ -1,5 +1,6 @@
 """A model whose config.json asks for computation the trainer does not implement stops `tide run` before anything
-starts (exit 2, naming the field, no run directory left); a Llama 3.x directory with llama3 rope scaling starts."""
+starts (a ConfigError naming the field, `tide run`'s exit 2; no run directory left); a Llama 3.x directory with
+llama3 rope scaling starts."""
 from __future__ import annotations
 
 import json
@@ -31,13 +32,36 @@ def _edited_copy(src: Path, dst: Path, **fields) -> Path:
     return dst
 
 
-def _run(tmp_path: Path, model_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _config(tmp_path: Path, model_dir: Path) -> Path:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"name": "m", "iterations": 1, "model": {"path": str(model_dir)},
                                    "task": {"name": "addition", "max_digits": 1},
                                    "rollout": {"max_new_tokens": 4, "max_prompt_tokens": 64}}))
-    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(cfg), "--run-dir",
-                           str(tmp_path / "run"), *overrides], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return cfg
+
+
+def _run(tmp_path: Path, model_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`tide run` in its own process."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "run", str(_config(tmp_path, model_dir)),
+                           "--run-dir", str(tmp_path / "run"), *overrides], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def _refused(tmp_path: Path, model_dir: Path, *overrides: str) -> str:
+    """What `tide run` does, in this process (orchestrator.run.api): the message of the ConfigError the CLI exits 2
+    with (test_the_cli_exits_2_naming_the_field: its own process), after checking that no run directory is left.
+    A run that is not refused fails where it would start Ray."""
+    from orchestrator.config.schema import ConfigError
+    from orchestrator.run import api
+
+    def not_refused(*args, **kwargs):
+        raise AssertionError("the run was not refused: it went on to start Ray")
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(ConfigError) as e:
+        patch.setattr("orchestrator.iteration.session.connect", not_refused)
+        api.run(_config(tmp_path, model_dir), overrides, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    return " ".join(str(e.value).split())
 
 
 def test_released_llama3_config_is_read_with_its_rope_scaling(llama3_dir):
@@ -58,16 +82,22 @@ def test_released_llama3_config_is_read_with_its_rope_scaling(llama3_dir):
     # the trainer computes it, vLLM's Qwen2 does not (it takes hidden_size / num_attention_heads, 32 here)
     ({"model_type": "qwen2", "head_dim": 16}, "config.json field head_dim = 16"),
 ], ids=["yarn", "gelu", "gemma2", "engine-qwen2-head-dim"])
-def test_unsupported_model_exits_2_naming_the_field(tmp_path, llama3_dir, fields, named):
+def test_unsupported_model_is_refused_naming_the_field(tmp_path, llama3_dir, fields, named):
     model = _edited_copy(llama3_dir, tmp_path / "model", **fields)
+    assert (named or "model_type") in _refused(tmp_path, model)
+
+
+def test_the_cli_exits_2_naming_the_field(tmp_path, llama3_dir):
+    """The refusal through `tide run`: exit 2, its one-line reason, no traceback, no run directory."""
+    model = _edited_copy(llama3_dir, tmp_path / "model", hidden_act="gelu")
     proc = _run(tmp_path, model)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert (named or "model_type") in proc.stderr, proc.stderr[-3000:]
+    assert "config.json field hidden_act = 'gelu'" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_lora_on_stacked_experts_exits_2_naming_the_targets(tmp_path):
+def test_lora_on_stacked_experts_is_refused_naming_the_targets(tmp_path):
     """gpt_oss's checkpoint stacks each layer's experts in one tensor: LoRA's default targets (the MLP projections
     among them) are refused at start-up, naming them and what can be adapted, before any rank starts."""
     from rollout.tasks import AdditionTask
@@ -76,20 +106,17 @@ def test_lora_on_stacked_experts_exits_2_naming_the_targets(tmp_path):
     spec = TinyModelConfig(family="gpt_oss", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
                            num_experts=4)
     model = build_tiny_model(tmp_path / "gpt_oss", AdditionTask(1).corpus(), spec)
-    proc = _run(tmp_path, model, "trainer.lora={rank: 4, alpha: 8, sync: merged}", "rollout.sync_mode=restart")
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    why = _refused(tmp_path, model, "trainer.lora={rank: 4, alpha: 8, sync: merged}", "rollout.sync_mode=restart")
     assert ("trainer.lora.target_modules ['down_proj', 'gate_proj', 'up_proj']: LoRA on gpt_oss's experts is not "
-            "implemented") in " ".join(proc.stderr.split()), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+            "implemented") in why, why
 
 
-def test_routing_replay_on_a_dense_model_exits_2(tmp_path, llama3_dir):
-    proc = _run(tmp_path, llama3_dir, "trainer.moe.routing_replay=rollout")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "trainer.moe.routing_replay: rollout needs a mixture-of-experts model" in proc.stderr
+def test_routing_replay_on_a_dense_model_is_refused(tmp_path, llama3_dir):
+    why = _refused(tmp_path, llama3_dir, "trainer.moe.routing_replay=rollout")
+    assert "trainer.moe.routing_replay: rollout needs a mixture-of-experts model" in why, why
 
 
-def test_routing_replay_on_engines_told_not_to_record_exits_2(tmp_path):
+def test_routing_replay_on_engines_told_not_to_record_is_refused(tmp_path):
     """Replay needs the rollout's routing: engines told not to record it are refused at start-up, not found out at
     the first train step."""
     from rollout.tasks import AdditionTask
@@ -97,12 +124,9 @@ def test_routing_replay_on_engines_told_not_to_record_exits_2(tmp_path):
 
     spec = TinyModelConfig(family="qwen3_moe", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=32)
     model = build_tiny_model(tmp_path / "moe", AdditionTask(1).corpus(), spec)
-    proc = _run(tmp_path, model, "trainer.moe.routing_replay=rollout", "rollout.sync_mode=restart",
-                "rollout.record_routing=false")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "needs the engines to record the experts they route to" in proc.stderr
-    assert not (tmp_path / "run").exists()
-
+    why = _refused(tmp_path, model, "trainer.moe.routing_replay=rollout", "rollout.sync_mode=restart",
+                   "rollout.record_routing=false")
+    assert "needs the engines to record the experts they route to" in why, why
 
 
 def _config_dir(tmp_path: Path, **fields) -> Path:

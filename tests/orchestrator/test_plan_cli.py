@@ -3,16 +3,23 @@ it fit (exit 1)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _plan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.run.cli", "plan", *args], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+def _plan(config: str, *args: str) -> SimpleNamespace:
+    """`tide plan` through its command-line interface, in this process (it starts nothing): exit code, stdout,
+    stderr."""
+    from typer.testing import CliRunner
+
+    from orchestrator.run import cli
+
+    result = CliRunner().invoke(cli.app, ["plan", str(ROOT / config), *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 def test_quickstart_plan_as_json():
