@@ -75,16 +75,17 @@ def test_an_inline_engine_killed_mid_generate_is_replaced_on_its_iteration(ray_c
 CALL_TIMEOUT_S = 10.0  # a generate here takes a few seconds
 
 
-def test_an_inline_tp2_engine_samples_reloads_and_restarts_in_its_actor(ray_cluster, tmp_path):
-    """tp=2 inline: the engine core in the actor, one worker process per TP rank. A reload and a restart onto the
-    same iteration serve the same samples, and the restart's worker processes replace the old ones."""
+def test_an_inline_tp2_engine_samples_reloads_and_restarts_in_its_actor(worker_pools, tmp_path):
+    """tp=2 inline: the engine core in the actor (a pooled one, which may have run other engines before), one worker
+    process per TP rank. A reload and a restart onto the same iteration serve the same samples, and the restart's
+    worker processes replace the old ones."""
     from rollout.engine_proc import pids_alive, process_tree
     from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
     model = build_tiny_model(tmp_path / "tp2-model", AdditionTask(1).corpus(),
                              TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=2))
     cfg = EngineConfig(tp=2, kv_cache_gb=0.125, engine_start_timeout_s=400)
-    group = RolloutGroup([str(model)], cfg, dtype="float32", seed=0, deterministic=True)
+    group = RolloutGroup([str(model)], cfg, dtype="float32", seed=0, deterministic=True, pool=worker_pools.engines)
     try:
         group.wait_started()
         pid = group.engine_pids()[0]
