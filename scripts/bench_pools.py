@@ -49,7 +49,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {"pooled": [], "fresh": []}
     count = [0]
 
-    def one_run(side: str) -> float:
+    def one_run(side: str, counted: bool = True) -> float:
         count[0] += 1
         run_dir = tmp / f"{side}-{count[0]}"
         overrides = [f"iterations={iterations}", f"save_every={iterations}",
@@ -57,18 +57,16 @@ def main() -> None:
         c0, t0 = busy_cpu_seconds(), time.perf_counter()
         api.run(ROOT / "configs" / "quickstart.yaml", overrides, run_dir=run_dir,
                 pools=pools if side == "pooled" else None)
-        seconds = time.perf_counter() - t0
-        cpu[side].append(busy_cpu_seconds() - c0)
+        seconds, cpu_seconds = time.perf_counter() - t0, busy_cpu_seconds() - c0
         digests[side].append(json.loads((run_dir / "final.json").read_text())["parameter_digests"])
         shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"{side:>6}: {seconds:6.1f} s, {cpu[side][-1]:6.1f} CPU-s", flush=True)
+        print(f"{side:>6}: {seconds:6.1f} s, {cpu_seconds:6.1f} CPU-s{'' if counted else ' (not counted)'}", flush=True)
+        if counted:
+            cpu[side].append(cpu_seconds)
         return seconds
 
     try:
-        one_run("pooled")  # starts the pools' processes: a sweep's first run
-        for side in cpu:
-            cpu[side].clear()
-        digests["pooled"].clear()
+        one_run("pooled", counted=False)  # starts the pools' processes: a sweep's first run
         pooled, fresh = alternate(lambda: one_run("pooled"), lambda: one_run("fresh"), repeats)
     finally:
         pools.close()

@@ -86,7 +86,7 @@ if [ -x "$VENV/bin/python" ] && [ -n "$have" ] && [ "$(realpath "$have")" != "$w
 fi
 [ -x "$VENV/bin/python" ] || { log "creating $VENV ($want)"; "$PY" -m venv "$VENV"; }
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
-"${PIP[@]}" --upgrade pip setuptools wheel "uv==0.13.10"
+"${PIP[@]}" --upgrade pip setuptools wheel
 
 if [ "$DEVICE" = cuda ]; then
   log "torch 2.13.0 and vLLM 0.32.0, CUDA builds"
@@ -98,6 +98,7 @@ else
   # The other packages through uv: the versions pip resolves (checked package by package), fetched and unpacked in
   # parallel (a fresh venv here: 52 s against pip's 93 s). uv reads none of pip's settings, so the constraint holds
   # it to the CPU torch just installed instead of PyPI's CUDA build of the same version.
+  "${PIP[@]}" "uv==0.13.10"
   echo "torch==2.13.0" >"$VENV/.tide-torch-constraint.txt"
   REST=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --compile-bytecode
         --constraints "$VENV/.tide-torch-constraint.txt")

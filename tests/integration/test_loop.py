@@ -428,8 +428,6 @@ def test_finished_run_holds_an_hf_model_and_export_rebuilds_it(reference_run, tm
         assert max(abs(a - b) for a, b in zip(ours, vllm)) <= 1e-4
 
 
-
-
 def test_a_pooled_run_that_fails_hands_its_workers_back(tmp_path, address, worker_pools):
     """A run on the pools that stops on an error after start-up (here its reward function raising in the first
     reward phase) raises it, says so in status.json and hands its rank and engine processes back stopped: the pools
