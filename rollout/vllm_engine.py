@@ -23,7 +23,7 @@ from .config import EngineConfig
 from .engine_errors import EngineError
 from .engine_model import model_llm_kwargs, routing_capture_setup
 from .engine_proc import (DeathWatch, engine_segments, freeze_heap, gc_paused, process_tree, remove_segments,
-                          sweep_private_dirs, wait_gone)
+                          share_gloo_device, sweep_private_dirs, wait_gone)
 from .engine_setup import bound_cpus, configure_env, llm_kwargs
 from .lora_serving import lora_llm_kwargs
 
@@ -51,6 +51,8 @@ class VllmEngine:
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(1, "vllm-engine", initializer=self._claim_thread)
         configure_env(cfg)
+        if self.inline:  # vLLM's process groups are made in this process
+            share_gloo_device()
 
     def on_thread(self, fn: Callable[..., _T], *args, **kwargs) -> _T:
         """fn(*args, **kwargs) on the engine's own thread. An inline engine runs the model on the thread that calls

@@ -12,7 +12,7 @@ import ray
 from ckpt_transfer.manifest import Manifest
 from ckpt_transfer.writer import finalize_manifest, writer_process_env
 from orchestrator.config.schema import ConfigError
-from rollout.engine_proc import freeze_heap, gc_paused, pin_threads
+from rollout.engine_proc import freeze_heap, gc_paused, pin_threads, share_gloo_device
 from trainer.batch import TrainBatch
 from trainer.config import TrainerSpec
 
@@ -41,6 +41,7 @@ class _Rank:
         pin_threads(cpus or self._any_cpu)  # a pooled process may have been bound by its last group
         if threads:
             torch.set_num_threads(threads)
+        share_gloo_device()
         with gc_paused():
             self.worker = MegatronWorker(spec, rank, world, addr, port)
         freeze_heap()  # the long-lived start-up heap (torch, Megatron): kept out of every later full collection

@@ -120,3 +120,50 @@ def test_freeze_heap_frees_the_garbage_first_and_keeps_the_rest_out_of_later_col
     finally:
         gc.unfreeze()
     assert any(o is kept for o in gc.get_objects())
+
+
+_GLOO_RANK = r"""
+import os, sys
+import torch, torch.distributed as dist
+from rollout.engine_proc import share_gloo_device
+rank, port, shared = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+if shared:
+    share_gloo_device()
+    share_gloo_device()  # idempotent: one wrapper, one device
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+pairs = [dist.new_group([0, 1]) for _ in range(6)]
+own = [dist.new_group([r]) for r in range(2)]
+for k, group in enumerate(pairs):
+    x = torch.full((1000,), float(rank + 1 + k))
+    dist.all_reduce(x, group=group)
+    assert torch.equal(x, torch.full((1000,), float(3 + 2 * k))), (k, x[:3])
+pending = [(k, torch.full((4096,), float(rank + k))) for k in range(len(pairs))]
+works = [dist.all_reduce(t, group=pairs[k], async_op=True) for k, t in pending]  # every group's traffic at once
+for w in works:
+    w.wait()
+assert all(torch.equal(t, torch.full((4096,), float(1 + 2 * k))) for k, t in pending)
+dist.broadcast(torch.zeros(3), src=rank, group=own[rank])
+loops = sum(open(f"/proc/self/task/{t}/comm").read().strip() == "gloo_tcp_loop" for t in os.listdir("/proc/self/task"))
+dist.barrier()
+dist.destroy_process_group()
+print(loops)
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_gloo_groups_share_one_device_and_its_loop_thread(shared):
+    """share_gloo_device: the groups of a process (the world, six pairs, its own) run on one gloo device,
+    so one loop thread (each of which wakes every 10 ms) instead of one per group; collectives on every group,
+    concurrent ones too, give the same sums. Without it each group brings its own thread."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([os.sys.executable, "-c", _GLOO_RANK, str(r), str(port), "1" if shared else "0"],
+                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    loops = [int(out.split()[-1]) for out, _ in outs]
+    assert loops == ([1, 1] if shared else [8, 8]), loops  # the world, six pairs and its own group
