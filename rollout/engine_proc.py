@@ -43,7 +43,8 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-_gloo_devices: dict[int, list] = {}  # pid -> the gloo devices every process group of that process shares
+# (pid, the gloo devices every process group of that process shares)
+_gloo_devices: tuple[int, list] | None = None
 
 
 def share_gloo_device() -> None:
@@ -79,13 +80,13 @@ def share_gloo_device() -> None:
 
 
 def _process_gloo_devices(pg_gloo) -> list:
+    global _gloo_devices
     pid = os.getpid()  # a forked child must not use its parent's device, whose loop thread it lacks
-    if pid not in _gloo_devices:
-        _gloo_devices.clear()
+    if _gloo_devices is None or _gloo_devices[0] != pid:
         names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
-        _gloo_devices[pid] = [pg_gloo.create_device(interface=n) for n in names] or \
-            [pg_gloo.create_default_device()]
-    return _gloo_devices[pid]
+        _gloo_devices = (pid, [pg_gloo.create_device(interface=n) for n in names] or
+                         [pg_gloo.create_default_device()])
+    return _gloo_devices[1]
 
 
 def pin_threads(cpus: Iterable[int], pid: int | str = "self") -> None:

@@ -1,7 +1,9 @@
 """The process helpers the engine teardown and the rollout group's shutdown rely on (no vLLM needed)."""
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -160,8 +162,8 @@ def test_gloo_groups_share_one_device_and_its_loop_thread(shared):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    procs = [subprocess.Popen([os.sys.executable, "-c", _GLOO_RANK, str(r), str(port), "1" if shared else "0"],
+    root = Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", _GLOO_RANK, str(r), str(port), "1" if shared else "0"],
                               cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
