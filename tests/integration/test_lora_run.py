@@ -23,6 +23,8 @@ FP32_GAP = 1e-5  # float32 engine and trainer log-probs of the same tokens: ~1e-
 
 def _config(tmp: Path, address: str, config: str, iterations: int) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
+    if "path" in cfg["model"]:  # lora.yaml's pretrained base (test_learning.py makes it): its random model here
+        cfg["model"] = yaml.safe_load((ROOT / "configs" / "lora_base.yaml").read_text())["model"]
     cfg.update(iterations=iterations, save_every=2, ray={"address": address})
     cfg["trainer"] |= {"warmup_sft_steps": 4, "warmup_sft_batch": 32, "kl": {"coef": 0.05}}
     cfg["rollout"] |= {"prompts_per_iteration": 8, "n_samples": 4, "kv_cache_gb": 0.125, "probe_prompts": 4}

@@ -1,4 +1,5 @@
 """The YAML schema: bad input is reported by field name, with what is allowed, and exit code 2."""
+import os
 import re
 import subprocess
 import sys
@@ -16,9 +17,36 @@ def _base():
     return {"name": "t", "iterations": 2}
 
 
-def test_shipped_configs_validate():
-    for path in sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.yaml")]):
-        load_config(path)
+SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.yaml")])
+
+
+def _load_shipped(path: Path, tmp_path: Path):
+    """A shipped config as `tide run` loads it; one whose model is the RUN_DIR/hf another shipped config's run
+    leaves (configs/lora.yaml: runs/lora_base/hf) with an empty stand-in for that directory."""
+    model_path = (yaml.safe_load(path.read_text()).get("model") or {}).get("path")
+    made = Path(os.path.abspath(path.parent / model_path)) if model_path else None
+    if made is None or made.parent.parent != ROOT / "runs":
+        return load_config(path)
+    assert made.name == "hf" and (ROOT / "configs" / f"{made.parent.name}.yaml").is_file(), made
+    (tmp_path / "hf").mkdir(exist_ok=True)
+    return load_config(path, {"model.path": str(tmp_path / "hf")})
+
+
+def test_shipped_configs_validate(tmp_path):
+    for path in SHIPPED:
+        _load_shipped(path, tmp_path)
+
+
+def test_the_lora_config_names_the_base_its_base_config_makes():
+    """configs/lora.yaml adapts runs/lora_base/hf (`tide run configs/lora_base.yaml`): without it, the error names
+    the directory."""
+    base = load_config(ROOT / "configs" / "lora_base.yaml")
+    assert base.name == "lora_base" and base.trainer.lora is None and base.model.tiny is not None
+    if not (ROOT / "runs" / "lora_base" / "hf").exists():
+        with pytest.raises(ConfigError, match=re.escape(str(ROOT / "runs" / "lora_base" / "hf"))):
+            load_config(ROOT / "configs" / "lora.yaml")
+    raw = yaml.safe_load((ROOT / "configs" / "lora.yaml").read_text())
+    assert os.path.abspath(ROOT / "configs" / raw["model"]["path"]) == str(ROOT / "runs" / "lora_base" / "hf")
 
 
 def test_unknown_field_names_field_and_allowed():
@@ -99,13 +127,13 @@ def test_cli_exits_2_on_jax_config_with_llm_section(tmp_path):
     assert "does not use the section(s) rollout" in proc.stderr
 
 
-@pytest.mark.parametrize("path", sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.yaml")]), ids=lambda p: p.name)
-def test_resolved_config_loads_back_unchanged(path):
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_resolved_config_loads_back_unchanged(path, tmp_path):
     """`tide resume` reads the run directory's config.yaml: the dump of every shipped config must parse back
     to the same config (a JAX run's dump must not carry the LLM sections it would then refuse)."""
     from orchestrator.config.schema import dump_config
 
-    cfg = load_config(path)
+    cfg = _load_shipped(path, tmp_path)
     assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
 
 

@@ -178,7 +178,9 @@ def test_an_adapter_serving_engine_plans_its_adapter_slots():
     from orchestrator.run.plan import engine_plan, model_shape
 
     per_layer = 16 * (128 + 2 * 96 + 128 + 3 * 192)
-    cfg = load_config(ROOT / "configs" / "lora.yaml")
+    # its base (runs/lora_base/hf, made by configs/lora_base.yaml) has lora_base.yaml's shape: planned from that
+    base_model = yaml.safe_load((ROOT / "configs" / "lora_base.yaml").read_text())["model"]
+    cfg = load_config(ROOT / "configs" / "lora.yaml", {"model.path": None, "model.tiny": base_model["tiny"]})
     shape, _ = model_shape(cfg)
     engine = engine_plan(cfg, shape, 64, None)
     assert engine.lora == 3 * 2 * per_layer * 4 == 393216
