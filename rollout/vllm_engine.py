@@ -227,7 +227,7 @@ class VllmEngine:
 
     def _llm_kwargs(self, path: Path) -> dict:
         return {**llm_kwargs(self.cfg, self.dtype, self.seed, self.deterministic), **model_llm_kwargs(self.cfg, path),
-                **lora_llm_kwargs(self.cfg.lora)}
+                **lora_llm_kwargs(self.cfg.lora, self.cfg.device)}
 
     def close(self) -> None:
         """No more work on the engine's thread (after the last `teardown`)."""
