@@ -17,8 +17,13 @@ One process, one Megatron-core rank training rank-16 adapters (alpha 32, PEFT's 
 - **RL iteration** (reported, no goal): median seconds of a `tide run` iteration of the LoRA job against the same
   job fully fine-tuned, each as users start it, alternating runs.
 
-Goal (full mode, ~100M): adapter sync >= 5x faster than the full-model reload (baseline seconds / contender
-seconds). Not yet here: TRL's GRPOTrainer with a PEFT LoraConfig, time to the job's reward threshold.
+- **against TRL** (a goal): configs/lora.yaml on its base (configs/lora_base.yaml, run first) against TRL's
+  GRPOTrainer with PEFT's LoraConfig of the same rank, alpha and targets on the same base, job and seeds, each in a
+  process of its own (bench_e2e.py's runners): seconds from the start of RL to a 5-iteration moving-average reward
+  of THRESHOLD, RL-iteration seconds and reward gain beside it. Seeds 1, 2, 3 (--quick: 1).
+
+Goals: (full mode, ~100M) adapter sync >= 5x faster than the full-model reload (baseline seconds / contender
+seconds); TRL / tide time to the LoRA job's threshold >= 1.0 (a side that never reaches it fails the goal).
 """
 from __future__ import annotations
 
@@ -35,11 +40,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOT, Report, alternate, bench_arguments, repeats_for  # noqa: E402
+from bench_common import ROOT, Report, alternate, bench_arguments, ratio_of, repeats_for  # noqa: E402
 from bench_rollout import build_model  # noqa: E402
 from bench_sample_efficiency import tide_run  # noqa: E402
 
 SYNC_TARGET = 5.0
+THRESHOLD = 0.4  # the LoRA job's reward threshold: a 5-iteration moving average (bench_e2e's window)
 RANK, ALPHA = 16, 32.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SHARD_BYTES = 512 << 20
@@ -161,12 +167,51 @@ def rl_iterations(report: Report, quick: bool, repeats: int) -> None:
                higher_is_better=False)
 
 
+def against_trl(report: Report, quick: bool) -> None:
+    """configs/lora.yaml on its base (configs/lora_base.yaml, made first by `tide run`) against TRL's GRPOTrainer
+    with PEFT's LoraConfig on the same base, job and seeds (bench_sample_efficiency.run_trl: same prompts, samples,
+    optimizer steps, lr, clip and loss; TRL otherwise at its defaults), each in a process of its own as users run
+    it, seed by seed: seconds from the start of RL to a moving-average reward of THRESHOLD."""
+    from bench_e2e import WINDOW, run_tide as e2e_tide, run_trl_process
+
+    seeds = [1] if quick else [1, 2, 3]
+    with tempfile.TemporaryDirectory(prefix="bench_lora_trl_") as tmp:
+        base_dir = tide_run(yaml.safe_load((ROOT / "configs" / "lora_base.yaml").read_text()), Path(tmp)) / "hf"
+        runs: dict[str, list] = {"tide": [], "trl": []}
+        for seed in seeds:  # A B A B
+            cfg = yaml.safe_load((ROOT / "configs" / "lora.yaml").read_text())
+            cfg["model"]["path"] = str(base_dir)
+            cfg.update(seed=seed, name=f"lora_{seed}", save_every=cfg["iterations"])
+            runs["tide"].append(e2e_tide(cfg, Path(tmp) / "tide"))
+            runs["trl"].append(run_trl_process(cfg, Path(tmp) / "trl"))
+            print(f"seed {seed}: " + ", ".join(f"{side} {r[-1].iteration_s():.3f} s/iteration, moving average "
+                                               f"{THRESHOLD} after {r[-1].time_to(THRESHOLD):.1f} s of RL"
+                                               for side, r in runs.items()), flush=True)
+    job = {"seeds": seeds, "iterations": cfg["iterations"], "threshold": THRESHOLD, "window": WINDOW}
+    row = report.add(f"LoRA job: time to moving-average reward {THRESHOLD}", "tide (configs/lora.yaml)",
+                     "trl GRPOTrainer + peft LoraConfig", f"seconds from the start of RL until the {WINDOW}-iteration "
+                     f"mean reward first reaches {THRESHOLD} (inf: not within the run)",
+                     [t.time_to(THRESHOLD) for t in runs["tide"]], [t.time_to(THRESHOLD) for t in runs["trl"]],
+                     higher_is_better=False, **job)
+    report.add("LoRA job: RL iteration", "tide (configs/lora.yaml)", "trl GRPOTrainer + peft LoraConfig",
+               "seconds between consecutive iterations' rewards", [t.iteration_s() for t in runs["tide"]],
+               [t.iteration_s() for t in runs["trl"]], higher_is_better=False, **job)
+    report.add("LoRA job: reward gain", "tide (configs/lora.yaml)", "trl GRPOTrainer + peft LoraConfig",
+               "mean reward of the last two iterations minus the first two's",
+               [sum(t.rewards[-2:]) / 2 - sum(t.rewards[:2]) / 2 for t in runs["tide"]],
+               [sum(t.rewards[-2:]) / 2 - sum(t.rewards[:2]) / 2 for t in runs["trl"]], **job)
+    # a side that never reaches the threshold in a seed fails the goal (Report.goal reads the row's samples)
+    report.goal(f"LoRA job: time to moving-average reward {THRESHOLD} (TRL / tide)",
+                ratio_of(row["baseline_median"], row["contender_median"]), 1.0, row=row)
+
+
 def main() -> None:
     args = bench_arguments(__doc__).parse_args()
     report = Report("lora", args.quick)
     repeats = repeats_for(args.quick)
     sync_and_generation(report, args.quick, repeats)
     rl_iterations(report, args.quick, repeats)
+    against_trl(report, args.quick)
     report.finish()
 
 

@@ -89,11 +89,20 @@ def run_trl(cfg: dict, work: Path, clock: list[float] | None = None) -> list[flo
 
     seed, t, r = cfg["seed"], cfg["trainer"], cfg["rollout"]
     task = make_task(TaskConfig(**cfg["task"]))
-    model_dir = resolve_model_dir(None, TinyModelConfig(**cfg["model"]["tiny"]), task, seed)
+    # the job's model: a directory (a pretrained base, as configs/lora.yaml's) or the tiny model tide builds
+    model_dir = cfg["model"].get("path") or resolve_model_dir(None, TinyModelConfig(**cfg["model"]["tiny"]), task, seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    warm_start(model, tokenizer, text_batch, task, seed, t)
+    if t.get("warmup_sft_steps"):
+        warm_start(model, tokenizer, text_batch, task, seed, t)
+    peft_config = None
+    if t.get("lora"):  # trainer.lora as PEFT's LoraConfig: the same rank, alpha, dropout and target projections
+        from peft import LoraConfig
+
+        lora = t["lora"]
+        peft_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora.get("dropout", 0.0),
+                                 target_modules=list(lora["target_modules"]), task_type="CAUSAL_LM")
 
     per_iteration = r["prompts_per_iteration"]
     problems = [p for it in range(1, cfg["iterations"] + 1) for p in task.problems(seed, it, per_iteration)]
@@ -118,7 +127,7 @@ def run_trl(cfg: dict, work: Path, clock: list[float] | None = None) -> list[flo
         lr_scheduler_type=t["lr_schedule"]["decay"], warmup_steps=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer)
+                          processing_class=tokenizer, peft_config=peft_config)
     if clock is not None:
         clock.append(time.time())
     trainer.train()
