@@ -162,6 +162,24 @@ def enable_cpu_compat() -> None:
                                           "Tensor.type() answers CUDA names (bf16/fp16 optimizer's type checks)"))
 
 
+def native_torch_steps(optimizer: Any) -> None:
+    """Run the step of each torch optimizer under Megatron's `optimizer` (a ChainedOptimizer or one) without the
+    device-rewriting mode: torch's Adam names no device but its parameters' own, and its for-loop over parameter
+    tensors made ~6% of a tiny model's train step the mode's dispatch (py-spy). Megatron's own step (grad norm,
+    clipping, found-inf) keeps the mode: it creates tensors on a literal 'cuda'. A no-op on GPUs."""
+    if not _enabled:
+        return
+    for megatron_optimizer in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = megatron_optimizer.optimizer
+        step = torch_optimizer.step
+
+        def native_step(*args, _step=step, **kwargs):
+            with torch._C.DisableTorchFunction():
+                return _step(*args, **kwargs)
+
+        torch_optimizer.step = native_step
+
+
 @contextlib.contextmanager
 def native_torch() -> Iterator[None]:
     """Suspend the device-rewriting TorchFunctionMode (and any other torch-function override) for code

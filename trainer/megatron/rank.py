@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _natively(loss_fn, mb, output):
+    """A loss function (tide's: trainer/megatron/train_step.py, scoring.py) without the CPU device-rewriting mode
+    (compat.native_torch): it names no device but its tensors' own, and the mode's dispatch of its many small ops
+    was ~5% of a tiny model's train step."""
+    from trainer.megatron.compat import native_torch
+
+    with native_torch():
+        return loss_fn(mb, output)
+
+
 class MegatronRank:
     def __init__(self, spec: TrainerSpec, rank: int, world_size: int, master_addr: str, master_port: int):
         t = spec.trainer
@@ -184,6 +194,9 @@ class MegatronRank:
                             use_distributed_optimizer=t.uses_distributed_optimizer),
             [self.model],
         )
+        from trainer.megatron.compat import native_torch_steps
+
+        native_torch_steps(self.optimizer)
 
     @property
     def module(self):
@@ -245,7 +258,7 @@ class MegatronRank:
             with native_torch():  # the model's forward names no device of its own
                 out = model(mb["tokens"].to(device), mb["position_ids"].to(device), attention_mask=None,
                             packed_seq_params=packed_seq_params(mb, device), output_processor=head)
-            return out, partial(loss_fn, mb)
+            return out, partial(_natively, loss_fn, mb)
 
         try:
             out = get_forward_backward_func()(
