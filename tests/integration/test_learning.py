@@ -88,7 +88,6 @@ def test_lora_job_learns_on_its_pretrained_base(tmp_path, address, worker_pools)
     adapters on it: the reward rises by MARGIN with the base frozen and every gap within bound."""
     from tests.integration.run_helpers import run_here
 
-    paths = {}
     for name in ("lora_base", "lora"):
         cfg = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
         cfg["ray"] = {"address": address}
@@ -96,9 +95,9 @@ def test_lora_job_learns_on_its_pretrained_base(tmp_path, address, worker_pools)
         cfg["save_every"] = cfg["iterations"]
         if name == "lora":
             cfg["model"]["path"] = str(tmp_path / "lora_base" / "hf")
-        paths[name] = tmp_path / f"{name}.yaml"
-        paths[name].write_text(yaml.safe_dump(cfg))
-        run_here(worker_pools, paths[name], run_dir=tmp_path / name)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        run_here(worker_pools, path, run_dir=tmp_path / name)
     metrics = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     status = json.loads((tmp_path / "lora" / "status.json").read_text())
     assert status["state"] == "finished" and 0 < status["lora_trainable_share"] < 0.5

@@ -174,7 +174,7 @@ def native_torch_steps(optimizer: Any) -> None:
         step = torch_optimizer.step
 
         def native_step(*args, _step=step, **kwargs):
-            with torch._C.DisableTorchFunction():
+            with native_torch():
                 return _step(*args, **kwargs)
 
         torch_optimizer.step = native_step
