@@ -28,6 +28,7 @@ from orchestrator.config.names import OTHER_NAMES, OtherName
 from orchestrator.config.placement import PlacementConfig, check_placement
 from orchestrator.config.model_source import looks_local
 from orchestrator.rewards.functions import RewardSpec
+from orchestrator.rewards.served_config import ServedModelConfig
 from orchestrator.config.template_kwargs import ChatTemplateKwargs
 from orchestrator.records.wandb_log import WandbConfig
 from rollout.agent.config import AgentConfig
@@ -190,6 +191,8 @@ class TideConfig(StrictModel):
                              "sampled pass@1 and pass@n_samples, mean reward.")
     agent: AgentConfig | None = Field(None, description="Multi-turn rollouts: tool calls or an environment "
                                       "answering each turn; null: one completion per prompt.")
+    models: dict[str, ServedModelConfig] = Field({}, description="Second models served for the run by name "
+                                                 "(reward models), for `rewards:` entries' `model:`.")
     rewards: list[RewardSpec] = Field([], description="Reward functions replacing the task's scorer: a sample's "
                                       "reward is the weighted sum of their values; empty: the task's own scorer.")
     reward_timeout_s: float = Field(60.0, gt=0, description="Seconds a reward function may take on a batch "
@@ -257,6 +260,7 @@ class TideConfig(StrictModel):
                 if self.agent.environment is not None and self.rewards:
                     raise ValueError("rewards: agent.environment scores its trajectories itself; remove `rewards:` or "
                                      "use agent.tools")
+            _check_served_models(self.models, self.rewards)
             if self.trainer.length_penalty > 0 and self.rewards:
                 raise ValueError("trainer.length_penalty shapes the task's own reward; with `rewards:` add "
                                  "{fn: length, weight: ...} to the list instead")
@@ -269,7 +273,23 @@ class TideConfig(StrictModel):
 
 # Sections that configure the LLM loop (engine: megatron) and mean nothing to the JAX engine.
 LLM_SECTIONS = frozenset({"ray", "placement", "model", "task", "trainer", "rollout", "publish", "transfer", "sandbox",
-                          "eval", "agent", "rewards", "reward_timeout_s"})
+                          "eval", "agent", "rewards", "reward_timeout_s", "models"})
+
+
+def _check_served_models(models: Mapping[str, ServedModelConfig], rewards: list[RewardSpec]) -> None:
+    """Every `model:` a reward names is served, and every served model scores something."""
+    for name in models:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"models: {name!r}: a served model's name has letters, digits, '_', '.' and '-' only")
+    named = {r.model for r in rewards if r.model is not None}
+    unknown = sorted(named - set(models))
+    if unknown:
+        raise ValueError(f"rewards: model {unknown[0]!r} is not served: the `models:` section serves "
+                         f"{', '.join(sorted(models)) or 'nothing'}")
+    unused = sorted(set(models) - named)
+    if unused:
+        raise ValueError(f"models: {unused[0]!r} is served but no reward uses it (`rewards: - {{model: "
+                         f"{unused[0]}}}`): remove it, or score with it")
 
 
 class ConfigError(Exception):

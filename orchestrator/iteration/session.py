@@ -150,6 +150,14 @@ class Session:
             except ValueError as e:  # a split of this host's cores that cannot be made
                 raise ConfigError(str(e)) from None
             ray_side.callback(placement.release)
+            served = None
+            if cfg.models:  # reward models: started and health-checked before the first iteration
+                from orchestrator.rewards.served import ServedModels
+
+                with startup("startup/served_models"):
+                    served = ServedModels(cfg.models)
+                ray_side.callback(served.close)
+                reward_functions.attach_models(served)
             if sandbox is not None and placement.engine_cpus:
                 # Tool calls and code rewards run where generation runs, off the trainer's cores: an agent's
                 # engine idles while its tools run, and a batch drawn ahead must not slow the train step.
@@ -205,7 +213,7 @@ class Session:
             for rec in startup.records(session.start_iteration):  # after a resume truncated the timings
                 run.record_phase(rec)
             run.set_status(engine_pids=session.rollout.engine_pids(), trainer_pids=trainer.pids(),
-                           **session.adapter_counts())
+                           **session.adapter_counts(), **({"served_pids": served.pids()} if served else {}))
             session._cluster, session._ray_side = cluster, ray_side
             session._teardown = stack.pop_all()
             freeze_heap()  # the driver's start-up heap: kept out of the full collections between iterations

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import multiprocessing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -42,6 +41,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ckpt_transfer.config import StrictModel
 from orchestrator.rewards.built_in import BUILTIN_FNS, BUILTINS, LENGTH, length_values
+from orchestrator.rewards.errors import RewardFunctionError
+from orchestrator.rewards.normalize import normalized
+from orchestrator.rewards.served_config import Normalize
+from orchestrator.rewards.values import metric_values, validated
 from rollout.tasks.dataset import MISSING, field_value
 from rollout import UserFunctionError, load_function, resolve_in_config
 
@@ -55,8 +58,12 @@ Style = Literal["auto", "trl", "verl"]
 class RewardSpec(StrictModel):
     """One entry of the YAML `rewards:` list."""
 
-    fn: str = Field(description="A built-in (exact, numeric, math, code, length), `package.module:function` or "
-                                "`path/to/file.py:function`.")
+    fn: str | None = Field(None, description="A built-in (exact, numeric, math, code, length), "
+                           "`package.module:function` or `path/to/file.py:function`; or give `model`.")
+    model: str | None = Field(None, description="A served model of the `models:` section scoring every "
+                              "(prompt, completion) instead of a function.")
+    normalize: Normalize = Field("none", description="none; group: each value minus its prompt's samples' mean, "
+                                 "over their standard deviation; batch: the same over the whole batch.")
     weight: float = Field(1.0, description="Factor of this function's values in a sample's reward.")
     name: str | None = Field(None, description="Its name in metrics (reward/<name>); null: the built-in's or the "
                                                "function's name.")
@@ -70,17 +77,22 @@ class RewardSpec(StrictModel):
 
     @property
     def label(self) -> str:
-        return self.name or self.fn.rpartition(":")[2]
+        return self.name or (self.model if self.fn is None else self.fn.rpartition(":")[2])
 
     @field_validator("fn")
     @classmethod
-    def _found_from_config(cls, fn: str, info: ValidationInfo) -> str:
+    def _found_from_config(cls, fn: str | None, info: ValidationInfo) -> str | None:
         """A file relative to the config file's directory, a module there or in the working directory, as tools
         are found (rollout/user_functions.py); the resolved config holds what it found there as absolute paths."""
-        return resolve_in_config(fn, info)
+        return None if fn is None else resolve_in_config(fn, info)
 
     @model_validator(mode="after")
     def _builtin_options(self) -> "RewardSpec":
+        if (self.fn is None) == (self.model is None):
+            raise ValueError("give a reward either `fn` (a function) or `model` (a served model of `models:`)")
+        if self.model is not None and (self.style != "auto" or self.columns):
+            raise ValueError(f"style and columns: are for functions; model {self.model!r} is sent each prompt and "
+                             f"completion")
         if self.fn in BUILTINS and self.style != "auto":
             raise ValueError(f"style: {self.fn!r} is a built-in, called tide's way (style is for users' functions)")
         if self.fn == LENGTH and self.columns:
@@ -113,14 +125,6 @@ class RewardBatch:
     def chat(self) -> bool:
         # TRL 1.16 (`is_conversational` of the first prompt): message prompts get message completions
         return bool(self.prompts) and isinstance(self.prompts[0], list)
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function that cannot be loaded, raised, hung, or returned something other than one number or None
-    per completion; the message names it, `user_traceback` holds the traceback of the function's own raise (in the
-    worker process) when there was one."""
-
-    user_traceback: str | None = None
 
 
 def _worker_traceback(error: BaseException) -> str | None:
@@ -348,8 +352,10 @@ class RewardFunctions:
             raise RewardFunctionError(f"rewards: two functions would both report as reward/<name> for "
                                       f"{sorted({x for x in labels if labels.count(x) > 1})}: give them `name`s")
         self.length = [s for s in specs if s.fn == LENGTH]
-        self.functions = [_load(s) for s in specs if s.fn != LENGTH]  # called in the workers
-        if len(self.length) > 1 or (self.length and not self.functions):
+        self.functions = [_load(s) for s in specs if s.fn is not None and s.fn != LENGTH]  # called in the workers
+        self.model_specs = [s for s in specs if s.model is not None]  # scored by served models (attach_models)
+        self._served = None
+        if len(self.length) > 1 or (self.length and not (self.functions or self.model_specs)):
             raise RewardFunctionError("rewards: `length` shapes the other rewards: give it once, beside at least "
                                       "one other function")
         if any(s.fn == "code" for s in specs) and not sandbox_url:
@@ -377,17 +383,30 @@ class RewardFunctions:
         answers = columns.get("answer", [None] * len(completions))
         return self.score_batch(RewardBatch(prompts, completions, columns, answers, completion_ids, groups))
 
+    def attach_models(self, served) -> None:
+        """The run's served models (orchestrator.rewards.served.ServedModels), started once Ray is up."""
+        self._served = served
+
     def score_batch(self, batch: RewardBatch) -> ScoredBatch:
         n = len(batch.completions)
         self._check_columns(batch.columns)
         futures = {f.label: self._pool.submit(_call, f.spec.fn, f.style,
                                               _call_kwargs(f, batch, self._options.get(f.spec.fn, {})))
                    for f in self.functions}
+        by_model = {s.label: self._model_values(s, batch) for s in self.model_specs}  # meanwhile, in their actors
         outcomes = {f.label: self._outcome(f, futures[f.label], n) for f in self.functions}
-        values = {label: o.values for label, o in outcomes.items()}
+        values = {label: o.values for label, o in outcomes.items()} | by_model
+        weighed = [f.spec for f in self.functions] + self.model_specs
+        raw = {}  # the mean of a normalised reward's values before normalisation: its own scale
+        for spec in weighed:
+            if spec.normalize != "none":
+                kept = [v for v in values[spec.label] if v is not None]
+                if kept:
+                    raw[f"reward/{spec.label}/raw"] = sum(kept) / len(kept)
+                values[spec.label] = normalized(values[spec.label], batch.groups or range(n), spec.normalize)
         rewards: list[float | None] = []
         for i in range(n):
-            scored = [(f.spec.weight, values[f.label][i]) for f in self.functions if values[f.label][i] is not None]
+            scored = [(s.weight, values[s.label][i]) for s in weighed if values[s.label][i] is not None]
             rewards.append(sum(w * v for w, v in scored) if scored else None)
         for spec in self.length:
             lengths = [len(ids) for ids in batch.completion_ids]
@@ -398,6 +417,9 @@ class RewardFunctions:
             scored_values = [v for v in vs if v is not None]
             if scored_values:
                 per_function[f"reward/{label}"] = sum(scored_values) / len(scored_values)
+        per_function |= raw
+        if self.model_specs and self._served is not None:
+            per_function |= self._served.metrics()  # served/<model>/seconds, scored, replaced
         extra_columns: dict[str, list] = {}
         for label, outcome in outcomes.items():
             per_function.update({f"reward/{label}/{name}": sum(vs) / len(vs)
@@ -405,6 +427,16 @@ class RewardFunctions:
             for column, column_values in outcome.extra.items():
                 extra_columns[column if column not in extra_columns else f"{label}/{column}"] = column_values
         return ScoredBatch(rewards, per_function, extra_columns, values)
+
+    def _model_values(self, spec: RewardSpec, batch: RewardBatch) -> list[float | None]:
+        from orchestrator.rewards.served import ServedModelError
+
+        if self._served is None:
+            raise RewardFunctionError(f"reward {spec.label!r}: served model {spec.model!r} was not started")
+        try:
+            return list(self._served[spec.model].score(batch.prompts, batch.completions))
+        except ServedModelError as e:
+            raise RewardFunctionError(f"reward {spec.label!r}: {e}") from None
 
     def _check_columns(self, columns: Mapping[str, list]) -> None:
         """Each new set of column names: every function must take the call they make."""
@@ -428,8 +460,9 @@ class RewardFunctions:
             error = RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) raised {type(e).__name__}: {e}")
             error.user_traceback = _worker_traceback(e)
             raise error from None
-        got.values = _validated(f.spec, got.values, n)
-        got.metrics = {name: _metric_values(f.spec, name, vs) for name, vs in got.metrics.items()}
+        who = f"reward {f.label!r} ({f.spec.fn})"
+        got.values = validated(who, got.values, n)
+        got.metrics = {name: metric_values(who, name, vs) for name, vs in got.metrics.items()}
         for column, column_values in got.extra.items():
             if not isinstance(column_values, list) or len(column_values) != n:
                 raise RewardFunctionError(f"reward {f.label!r} ({f.spec.fn}) logged column {column!r} with "
@@ -454,32 +487,3 @@ def _check_paths(spec: RewardSpec, columns: Mapping[str, Any]) -> None:
             raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}): columns: {{{keyword}: {path}}}: no such "
                                       f"column; the columns: {', '.join(sorted(columns))} (dots reach into "
                                       f"nested ones)")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _validated(spec: RewardSpec, got: Any, n: int) -> list[float | None]:
-    if not isinstance(got, list) or len(got) != n:
-        size = len(got) if isinstance(got, list) else type(got).__name__
-        raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) returned {size} values for {n} completions")
-    out: list[float | None] = []
-    for i, v in enumerate(got):
-        if v is None:
-            out.append(None)
-        elif _is_number(v):
-            out.append(float(v))
-        else:
-            hint = " (a veRL dict holds it as 'score')" if isinstance(v, dict) else ""
-            raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) returned {v!r} for completion {i}: "
-                                      f"a finite number or None is required{hint}")
-    return out
-
-
-def _metric_values(spec: RewardSpec, name: str, values: list) -> list[float]:
-    bad = [v for v in values if not isinstance(v, (int, float))]
-    if bad:
-        raise RewardFunctionError(f"reward {spec.label!r} ({spec.fn}) logged metric {name!r} = {bad[0]!r}: a "
-                                  f"number is required")
-    return [float(v) for v in values]
