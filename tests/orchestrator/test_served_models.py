@@ -109,50 +109,40 @@ def test_config_checks_the_models_and_the_rewards_naming_them(rm_dir, tmp_path):
         parse_config(_base(rm_dir, models={"rm": {"path": str(tmp_path / "nowhere")}}))
 
 
-def _serve(rm_dir: Path):
+def test_served_replicas_score_time_out_by_name_are_replaced_once_and_weigh_beside_a_function(ray_cluster, rm_dir):
+    """One model served by two replicas (their start is most of this test's time, so the cases share them)."""
     from orchestrator.rewards.served import ServedModels
     from orchestrator.rewards.served_config import ServedModelConfig
 
-    return ServedModels({"rm": ServedModelConfig(path=str(rm_dir), replicas=2, batch_size=2, max_replacements=1)})
-
-
-@pytest.fixture(scope="module")
-def served(ray_cluster, rm_dir):
-    """Two replicas, shared by the tests that leave them alive."""
-    models = _serve(rm_dir)
+    served = ServedModels({"rm": ServedModelConfig(path=str(rm_dir), replicas=2, batch_size=2, max_replacements=1)})
     try:
-        yield models
-    finally:
-        models.close()
-
-
-def test_replicas_split_the_batch_and_a_dead_one_is_replaced_once(ray_cluster, rm_dir):
-    served = _serve(rm_dir)
-    try:
-        _replaced_once(served, rm_dir)
+        want = _own_forward(rm_dir)
+        _weighed_beside_a_function(served, want)
+        _timed_out(served)
+        _replaced_once(served, want)
     finally:
         served.close()
 
 
-def _replaced_once(served, rm_dir: Path) -> None:
-    from orchestrator.rewards.served import ServedModelError
+def _weighed_beside_a_function(served, raw: list[float]) -> None:
+    from orchestrator.rewards.functions import RewardFunctions, RewardSpec
 
-    rm, want = served["rm"], _own_forward(rm_dir)
-    assert len(set(rm.pids())) == 2 and os.getpid() not in rm.pids()
-    got = rm.score(PROMPTS, COMPLETIONS)
-    assert all(abs(g - w) < 1e-5 for g, w in zip(got, want)), (got, want)
-    dead = rm.pids()[1]
-    os.kill(dead, signal.SIGKILL)
-    got = rm.score(PROMPTS, COMPLETIONS)  # the second replica's half is scored again by its replacement
-    assert all(abs(g - w) < 1e-5 for g, w in zip(got, want)), (got, want)
-    assert rm.replaced == 1 and dead not in rm.pids() and served.metrics()["served/rm/replaced"] == 1.0
-    os.kill(rm.pids()[0], signal.SIGKILL)
-    with pytest.raises(ServedModelError, match=r"served model 'rm': replica 0 \(pid \d+\) died, and "
-                                               r"max_replacements = 1 were used"):
-        rm.score(PROMPTS, COMPLETIONS)
+    specs = [RewardSpec(model="rm", normalize="group", weight=2.0), RewardSpec(fn="exact", weight=0.5)]
+    functions = RewardFunctions(specs)
+    try:
+        functions.attach_models(served)
+        scored = functions.score(PROMPTS, COMPLETIONS, {"answer": ["7", "18", "2", "5"]}, groups=[0, 0, 1, 1])
+    finally:
+        functions.close()
+    group_z = normalized(raw, [0, 0, 1, 1], "group")  # two per group: -1 and +1
+    exact = [1.0, 0.0, 1.0, 0.0]
+    want = [2.0 * z + 0.5 * e for z, e in zip(group_z, exact)]
+    assert all(abs(g - w) < 1e-5 for g, w in zip(scored.rewards, want)), (scored.rewards, want)
+    assert abs(scored.per_function["reward/rm/raw"] - sum(raw) / 4) < 1e-5
+    assert scored.per_function["served/rm/scored"] == 4.0 and scored.per_function["served/rm/seconds"] > 0
 
 
-def test_a_replica_that_does_not_answer_in_time_stops_the_call_by_name(served):
+def _timed_out(served) -> None:
     from orchestrator.rewards.served import ServedModelError
 
     rm = served["rm"]
@@ -165,24 +155,22 @@ def test_a_replica_that_does_not_answer_in_time_stops_the_call_by_name(served):
         rm.cfg = configured
 
 
-def test_reward_functions_weigh_a_served_model_beside_a_function(served, rm_dir):
-    from orchestrator.rewards.functions import RewardFunctions, RewardSpec
+def _replaced_once(served, want: list[float]) -> None:
+    from orchestrator.rewards.served import ServedModelError
 
-    specs = [RewardSpec(model="rm", normalize="group", weight=2.0), RewardSpec(fn="exact", weight=0.5)]
-    functions = RewardFunctions(specs)
-    try:
-        functions.attach_models(served)
-        answers = ["7", "18", "2", "5"]
-        scored = functions.score(PROMPTS, COMPLETIONS, {"answer": answers}, groups=[0, 0, 1, 1])
-    finally:
-        functions.close()
-    raw = _own_forward(rm_dir)
-    group_z = normalized(raw, [0, 0, 1, 1], "group")  # two per group: -1 and +1
-    exact = [1.0, 0.0, 1.0, 0.0]
-    want = [2.0 * z + 0.5 * e for z, e in zip(group_z, exact)]
-    assert all(abs(g - w) < 1e-5 for g, w in zip(scored.rewards, want)), (scored.rewards, want)
-    assert abs(scored.per_function["reward/rm/raw"] - sum(raw) / 4) < 1e-5
-    assert scored.per_function["served/rm/scored"] == 4.0 and scored.per_function["served/rm/seconds"] > 0
+    rm = served["rm"]
+    assert len(set(rm.pids())) == 2 and os.getpid() not in rm.pids()
+    got = rm.score(PROMPTS, COMPLETIONS)  # each replica scores half
+    assert all(abs(g - w) < 1e-5 for g, w in zip(got, want)), (got, want)
+    dead = rm.pids()[1]
+    os.kill(dead, signal.SIGKILL)
+    got = rm.score(PROMPTS, COMPLETIONS)  # the second replica's half is scored again by its replacement
+    assert all(abs(g - w) < 1e-5 for g, w in zip(got, want)), (got, want)
+    assert rm.replaced == 1 and dead not in rm.pids() and served.metrics()["served/rm/replaced"] == 1.0
+    os.kill(rm.pids()[0], signal.SIGKILL)
+    with pytest.raises(ServedModelError, match=r"served model 'rm': replica 0 \(pid \d+\) died, and "
+                                               r"max_replacements = 1 were used"):
+        rm.score(PROMPTS, COMPLETIONS)
 
 
 def test_a_served_model_that_was_not_started_is_named():
