@@ -47,19 +47,21 @@ def preference_pairs(seed: int, n: int) -> list[tuple[str, str, str, str]]:
     return pairs
 
 
-def build(out: Path, seed: int, lm_steps: int):
-    """The reward model before preference training: the quickstart's tiny Qwen2 first taught the task's
-    conversations as a language model (`lm_steps` of next-token loss on every one-digit sum, answered right), then
-    given a one-label score head, as reward models start from a supervised policy (Ouyang et al. 2022): from
-    random weights the preference pairs alone did not teach it to tell a wrong sum (0.82 of held-out pairs)."""
+def task_language_model(out: Path, seed: int, lm_steps: int, spec=None) -> Path:
+    """The quickstart's tiny Qwen2 taught the task's conversations as a language model (`lm_steps` of next-token
+    loss on every one-digit sum, answered right), saved at `out`; the start of the reward model here and of the
+    judge (scripts/train_judge.py), as reward models start from a supervised policy (Ouyang et al. 2022): from
+    random weights the preference pairs alone did not teach the reward model to tell a wrong sum (0.82 of
+    held-out pairs), nor the judge (0.72 of wrong answers judged 0). `spec`: a trainer.tiny_model.TinyModelConfig
+    (None: its defaults)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollout.reward_model import render_conversation
     from rollout.tasks import AdditionTask
-    from trainer.tiny_model import build_tiny_model
+    from trainer.tiny_model import TinyModelConfig, build_tiny_model
 
-    body = build_tiny_model(out.with_name(out.name + ".body"), AdditionTask(1).corpus(), seed=seed)
+    body = build_tiny_model(out, AdditionTask(1).corpus(), spec or TinyModelConfig(), seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(body)
     torch.manual_seed(seed)
     lm = AutoModelForCausalLM.from_pretrained(body, dtype=torch.float32)
@@ -77,6 +79,16 @@ def build(out: Path, seed: int, lm_steps: int):
         optimizer.step()
     print(f"language model: {lm_steps} steps, loss {loss.item():.4f}", flush=True)
     lm.save_pretrained(body, safe_serialization=True)
+    return body
+
+
+def build(out: Path, seed: int, lm_steps: int):
+    """The reward model before preference training: task_language_model with a one-label score head."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    body = task_language_model(out.with_name(out.name + ".body"), seed, lm_steps)
+    tokenizer = AutoTokenizer.from_pretrained(body)
     model = AutoModelForSequenceClassification.from_pretrained(body, num_labels=1, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer, body

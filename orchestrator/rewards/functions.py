@@ -426,6 +426,10 @@ class RewardFunctions:
                                  for name, vs in outcome.metrics.items() if vs})
             for column, column_values in outcome.extra.items():
                 extra_columns[column if column not in extra_columns else f"{label}/{column}"] = column_values
+        for spec in self.model_specs:  # a judge's replies, beside each sample in samples.jsonl
+            replies = self._served[spec.model].last_replies
+            if replies is not None:
+                extra_columns[f"{spec.label}/reply"] = list(replies)
         return ScoredBatch(rewards, per_function, extra_columns, values)
 
     def _model_values(self, spec: RewardSpec, batch: RewardBatch) -> list[float | None]:
@@ -434,7 +438,7 @@ class RewardFunctions:
         if self._served is None:
             raise RewardFunctionError(f"reward {spec.label!r}: served model {spec.model!r} was not started")
         try:
-            return list(self._served[spec.model].score(batch.prompts, batch.completions))
+            return list(self._served[spec.model].score(batch.prompts, batch.completions, batch.answers))
         except ServedModelError as e:
             raise RewardFunctionError(f"reward {spec.label!r}: {e}") from None
 

@@ -1,11 +1,18 @@
-"""Second models served for a run (`models:`): each a set of Ray actors holding the model (rollout/reward_model.py),
-started and health-checked before the first iteration, a batch split evenly between the replicas, a replica that
+"""Second models served for a run (`models:`): each a set of Ray actors holding the model (a reward model:
+rollout/reward_model.py; a judge: a rollout engine of its own, rollout/judge.py), started and health-checked before
+the first iteration, a batch split evenly between the replicas, a replica that
 dies replaced and its part scored again (up to `max_replacements`), and a replica that does not answer within
 `timeout_s` stopping the run with an error naming the model. Never a default score in place of an answer.
 
-Metrics per model (`served/<name>/...`): seconds of the last batch, conversations scored, replicas replaced."""
+A judge's prompts are rendered here (its template through its own chat template, token ids sent to the engine)
+and its replies read here; identical prompts are judged once per run (greedy replies: the same prompt gets the same
+verdict), and a reply without a readable verdict gets `unreadable_reward` and is counted.
+
+Metrics per model (`served/<name>/...`): seconds of the last batch, conversations scored, replicas replaced; a
+judge's unreadable verdicts and cache hits."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +42,32 @@ class _RewardModelActor:
         return self.model.score(prompts, completions)
 
 
+class _JudgeActor:
+    """The actor around a rollout engine serving a judge (greedy replies to prompts given as token ids)."""
+
+    def __init__(self, name: str, cfg: dict) -> None:
+        from rollout.config import EngineConfig
+        from rollout.engine import RolloutEngine
+
+        self.name, self.max_new_tokens = name, cfg["max_new_tokens"]
+        engine = EngineConfig(device=cfg["device"], kv_cache_gb=cfg["kv_cache_gb"], engine_process="inline")
+        self.engine = RolloutEngine(cfg["path"], engine, dtype=cfg["dtype"], seed=0, deterministic=True)
+
+    def info(self) -> dict:
+        return {"name": self.name, "pid": os.getpid()}
+
+    def judge(self, prompt_ids: list[list[int]]) -> list[str]:
+        from rollout.tasks import Problem
+
+        problems = [Problem("judge", "", "", prompt_ids=tuple(ids)) for ids in prompt_ids]
+        # top_k 1: greedy, the same reply to the same prompt
+        samples = self.engine.generate(problems, 1, self.max_new_tokens, 1.0, 0, top_k=1)
+        texts = [""] * len(problems)
+        for sample in samples:
+            texts[sample.prompt_index] = sample.text
+        return texts
+
+
 @dataclass
 class _Replica:
     actor: Any
@@ -50,6 +83,9 @@ class ServedModel:
     replicas: list[_Replica] = field(default_factory=list)
     replaced: int = 0
     last: dict[str, float] = field(default_factory=dict)
+    last_replies: list[str] | None = None  # a judge's replies to the last batch
+    _cache: dict[tuple[int, ...], str] = field(default_factory=dict)  # a judge's replies by prompt
+    _tokenizer: Any = None
 
     def start(self) -> "ServedModel":
         self.replicas = [self._launch() for _ in range(self.cfg.replicas)]
@@ -58,7 +94,8 @@ class ServedModel:
     def _launch(self) -> _Replica:
         cfg = self.cfg
         actor_class = ray.remote(num_cpus=cfg.num_cpus, num_gpus=1 if cfg.device == "cuda" else 0,
-                                 max_restarts=0, max_concurrency=1)(_RewardModelActor)
+                                 max_restarts=0, max_concurrency=1)(
+            _JudgeActor if cfg.kind == "judge" else _RewardModelActor)
         actor = actor_class.options(name=None).remote(self.name, cfg.model_dump())
         try:
             info = ray.get(actor.info.remote(), timeout=cfg.timeout_s)
@@ -72,14 +109,60 @@ class ServedModel:
                                    f"{_cause(e)}") from None
         return _Replica(actor, int(info["pid"]))
 
-    def score(self, prompts: Sequence, completions: Sequence[str]) -> list[float]:
-        """Scores of every (prompt, completion), the batch split between the replicas."""
+    def score(self, prompts: Sequence, completions: Sequence[str], answers: Sequence[Any] = ()) -> list:
+        """Each (prompt, completion)'s value: a reward model's score, or a judge's verdict (None where unreadable
+        and `unreadable_reward` is null), the batch split between the replicas."""
         t0 = time.perf_counter()
         n = len(completions)
+        if self.cfg.kind == "judge":
+            values, extra = self._judge(prompts, completions, list(answers) or [None] * n)
+        else:
+            values, extra = self._on_replicas("score", [list(prompts), list(completions)]), {}
+        self.last = {"seconds": time.perf_counter() - t0, "scored": float(n), "replaced": float(self.replaced),
+                     **extra}
+        return values
+
+    def _judge(self, prompts: Sequence, completions: Sequence[str], answers: list) -> tuple[list, dict]:
+        from rollout.judge import parse_verdict, render
+
+        cfg = self.cfg
+        keys = [self._prompt_ids(render(cfg.template, p, c, a, cfg.rubric))
+                for p, c, a in zip(prompts, completions, answers)]
+        new = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        if new:
+            self._cache.update(zip(new, self._on_replicas("judge", [[list(k) for k in new]])))
+        replies = [self._cache[k] for k in keys]
+        read = [parse_verdict(r, cfg.verdict, key=cfg.verdict_key, letters=cfg.letters, scale=cfg.scale)
+                for r in replies]
+        self.last_replies = replies
+        values = [cfg.unreadable_reward if v is None else v for v in read]
+        return values, {"unreadable": float(sum(v is None for v in read)), "cache_hits": float(len(keys) - len(new))}
+
+    def _prompt_ids(self, text: str) -> tuple[int, ...]:
+        """The judge's prompt as a user turn of its chat template (its text alone without one)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.path)
+        tok = self._tokenizer
+        if tok.chat_template:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False)
+            return tuple(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return tuple(tok(text).input_ids)
+
+    def _on_replicas(self, method: str, columns: list[list]) -> list:
+        """`method` called on each replica with its contiguous part of every column; results in order. A replica
+        that dies is replaced and its part sent again; one that does not answer in time stops the call."""
+        n = len(columns[0])
         parts = _split(n, len(self.replicas))
-        pending = {i: self.replicas[i].actor.score.remote(list(prompts[lo:hi]), list(completions[lo:hi]))
-                   for i, (lo, hi) in enumerate(parts) if hi > lo}
-        results: dict[int, list[float]] = {}
+
+        def send(i: int):
+            lo, hi = parts[i]
+            return getattr(self.replicas[i].actor, method).remote(*[c[lo:hi] for c in columns])
+
+        pending = {i: send(i) for i, (lo, hi) in enumerate(parts) if hi > lo}
+        results: dict[int, list] = {}
         deadline = time.monotonic() + self.cfg.timeout_s
         while pending:
             i, ref = next(iter(pending.items()))
@@ -92,16 +175,14 @@ class ServedModel:
                                        f"= {self.cfg.timeout_s:g}") from None
             except ray.exceptions.ActorDiedError:
                 self._replace(i)
-                lo, hi = parts[i]
-                pending[i] = self.replicas[i].actor.score.remote(list(prompts[lo:hi]), list(completions[lo:hi]))
+                pending[i] = send(i)
                 deadline = time.monotonic() + self.cfg.timeout_s
             except ray.exceptions.RayTaskError as e:
                 raise ServedModelError(f"served model {self.name!r}: {_cause(e)}") from None
-        scores = [s for i in sorted(results) for s in results[i]]
-        if len(scores) != n:
-            raise ServedModelError(f"served model {self.name!r} returned {len(scores)} scores for {n} conversations")
-        self.last = {"seconds": time.perf_counter() - t0, "scored": float(n), "replaced": float(self.replaced)}
-        return scores
+        out = [x for i in sorted(results) for x in results[i]]
+        if len(out) != n:
+            raise ServedModelError(f"served model {self.name!r} returned {len(out)} values for {n} conversations")
+        return out
 
     def _replace(self, i: int) -> None:
         dead = self.replicas[i]

@@ -1,7 +1,8 @@
-"""configs/reward_model.yaml: the quickstart job scored by a served reward model (`models:`, a Ray actor of its
-own). Its replica SIGKILLed mid-run is replaced and the run goes on to its last iteration; with the reward model
-scripts/train_reward_model.py trains, RL raises the model's score and the rule its preference encodes (the
-right sum) without ever rewarding that rule directly."""
+"""configs/reward_model.yaml and configs/judge.yaml: the quickstart job scored by a served reward model or a
+generative judge (`models:`, Ray actors of their own). The reward model's replica SIGKILLed mid-run is replaced
+and the run goes on to its last iteration; with the reward model scripts/train_reward_model.py trains (or the
+judge scripts/train_judge.py trains), RL raises the model's score and the rule it encodes (the right sum)
+without ever rewarding that rule directly."""
 from __future__ import annotations
 
 import json
@@ -21,12 +22,12 @@ from tests.integration.run_helpers import ROOT, run_here
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp_path: Path, rm_dir: Path, **top) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs" / "reward_model.yaml").read_text())
-    cfg["models"]["rm"]["path"] = str(rm_dir)
-    cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-rm-{os.getpid()}"
+def _config(tmp_path: Path, rm_dir: Path, name: str = "reward_model", **top) -> Path:
+    cfg = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    cfg["models"][next(iter(cfg["models"]))]["path"] = str(rm_dir)
+    cfg["publish"]["shm_root"] = f"/dev/shm/tide-test-{name}-{os.getpid()}"
     cfg.update(top)
-    path = tmp_path / "reward_model.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -91,3 +92,22 @@ def test_rl_on_the_trained_reward_model_raises_its_score_and_the_rule_it_encodes
     rise = (sum(scores[-10:]) / 10 - sum(scores[:2]) / 2) / spread
     assert rise >= 0.3, (rise, scores)
     assert sum(right[-10:]) / 10 >= sum(right[:2]) / 2 + 0.1, right
+
+
+@pytest.mark.skipif(not os.environ.get("TIDE_LEARN_MODELS"),
+                    reason="the judge's training (~30 s) and a 70-iteration run: set TIDE_LEARN_MODELS=1")
+def test_rl_on_the_trained_judge_raises_the_rule_it_reads(tmp_path, worker_pools):
+    judge_dir = tmp_path / "judge"
+    trained = subprocess.run([sys.executable, "scripts/train_judge.py", "--out", str(judge_dir)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    report = json.loads((judge_dir / "tide_judge.json").read_text())
+    assert report["held_out_agreement"]["all"] >= 0.9, report  # its verdicts follow the rule
+    run_dir = run_here(worker_pools, _config(tmp_path, judge_dir, "judge"), run_dir=tmp_path / "run")
+    metrics = _metrics(run_dir)
+    right, judged = [m["reward/right"] for m in metrics], [m["reward/judge"] for m in metrics]
+    assert all("served/judge/unreadable" in m for m in metrics)
+    assert sum(right[-10:]) / 10 >= sum(right[:2]) / 2 + 0.1, right
+    assert sum(judged[-10:]) / 10 >= sum(judged[:2]) / 2 + 0.1, judged
+    logged = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert all(isinstance(s["judge/reply"], str) for s in logged)  # the judge's reply beside each logged sample

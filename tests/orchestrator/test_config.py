@@ -23,16 +23,16 @@ SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "mode
 def _load_shipped(path: Path, tmp_path: Path):
     """A shipped config as `tide run` loads it; one whose model is the RUN_DIR/hf another shipped config's run
     leaves (configs/lora.yaml: runs/lora_base/hf) with an empty stand-in for that directory, and one serving the
-    reward model scripts/train_reward_model.py writes (configs/reward_model.yaml) with a stand-in holding a
-    config.json."""
+    reward model or judge a script writes (configs/reward_model.yaml, configs/judge.yaml: scripts/train_*.py) with a
+    stand-in holding a config.json."""
     raw = yaml.safe_load(path.read_text())
     overrides = {}
     for name, served in (raw.get("models") or {}).items():
         made = Path(os.path.abspath(path.parent / served["path"]))
-        assert made == ROOT / "runs" / "reward_model" / "rm", made
-        (tmp_path / "rm").mkdir(exist_ok=True)
-        (tmp_path / "rm" / "config.json").write_text("{}")
-        overrides[f"models.{name}.path"] = str(tmp_path / "rm")
+        assert made.parent.parent == ROOT / "runs", made
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "config.json").write_text("{}")
+        overrides[f"models.{name}.path"] = str(tmp_path / name)
     model_path = (raw.get("model") or {}).get("path")
     made = Path(os.path.abspath(path.parent / model_path)) if model_path else None
     if made is None or made.parent.parent != ROOT / "runs":
