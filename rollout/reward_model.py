@@ -34,7 +34,8 @@ class RewardModelError(RuntimeError):
 
 class RewardModel:
     """Loads `path` (a Hugging Face directory) on `device` in `dtype`; `score` rates pairs, `batch_size` at a
-    time (each batch padded to its longest; the attention mask keeps the padding out of every score)."""
+    time, batched by length (each batch padded to its longest; the attention mask keeps the padding out of every
+    score)."""
 
     def __init__(self, name: str, path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 32,
                  threads: int | None = None) -> None:
@@ -76,10 +77,14 @@ class RewardModel:
             raise RewardModelError(f"reward model {self.name!r}: {len(too_long)} conversation(s) longer than its "
                                    f"context of {self.context} tokens (the first: {len(rendered[i])} tokens, "
                                    f"completion {completions[i][:80]!r}); they are refused, not truncated")
-        scores: list[float] = []
+        scores = [0.0] * len(rendered)
         pad = self.tokenizer.pad_token_id
-        for lo in range(0, len(rendered), self.batch_size):
-            chunk = rendered[lo:lo + self.batch_size]
+        # batches of similar lengths (longest first), each padded to its longest: less padding computed than in
+        # the given order; scores go back to their conversations' places
+        order = sorted(range(len(rendered)), key=lambda i: -len(rendered[i]))
+        for lo in range(0, len(order), self.batch_size):
+            places = order[lo:lo + self.batch_size]
+            chunk = [rendered[i] for i in places]
             width = max(len(ids) for ids in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -88,7 +93,8 @@ class RewardModel:
                 mask[row, :len(seq)] = 1
             with torch.inference_mode():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            scores.extend(float(x) for x in logits[:, 0].float().cpu())
+            for i, x in zip(places, logits[:, 0].float().cpu().tolist()):
+                scores[i] = float(x)
         return scores
 
     def info(self) -> dict[str, Any]:
