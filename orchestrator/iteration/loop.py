@@ -47,8 +47,9 @@ def run_iterations(s: Session) -> None:
                 drawn = schedule.take(it)  # drawn now, or (max_staleness >= 1) while the last iteration trained
                 rec["parts"] = drawn.rolled.parts
             schedule.begin(it, drawn)  # the next batch is drawn ahead while this one trains
-            with run.phase(it, "reward"):
+            with run.phase(it, "reward") as rec:
                 scored = score(s, it, drawn)
+                rec["parts"] = scored.parts or None  # served models' seconds
             watch_signal(s, signal, it, drawn, scored)
             devices.to_trainer(it)
             batch, mismatch = train_batch(s, it, drawn)  # [old_logprobs] [reference]

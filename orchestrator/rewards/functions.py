@@ -336,6 +336,7 @@ class ScoredBatch:
     # listed earlier logged too is named <label>/<column>
     extra_columns: dict[str, list] = field(default_factory=dict)
     values: dict[str, list[float | None]] = field(default_factory=dict)  # each function's value of each sample
+    parts: dict[str, float] = field(default_factory=dict)  # served models' seconds (timings.jsonl, reward phase)
 
 
 class RewardFunctions:
@@ -418,8 +419,10 @@ class RewardFunctions:
             if scored_values:
                 per_function[f"reward/{label}"] = sum(scored_values) / len(scored_values)
         per_function |= raw
+        parts = {}
         if self.model_specs and self._served is not None:
-            per_function |= self._served.metrics()  # served/<model>/seconds, scored, replaced
+            per_function |= self._served.metrics()  # served/<model>/scored, replaced, unreadable
+            parts = self._served.seconds()
         extra_columns: dict[str, list] = {}
         for label, outcome in outcomes.items():
             per_function.update({f"reward/{label}/{name}": sum(vs) / len(vs)
@@ -430,7 +433,7 @@ class RewardFunctions:
             replies = self._served[spec.model].last_replies
             if replies is not None:
                 extra_columns[f"{spec.label}/reply"] = list(replies)
-        return ScoredBatch(rewards, per_function, extra_columns, values)
+        return ScoredBatch(rewards, per_function, extra_columns, values, parts)
 
     def _model_values(self, spec: RewardSpec, batch: RewardBatch) -> list[float | None]:
         from orchestrator.rewards.served import ServedModelError

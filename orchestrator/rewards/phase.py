@@ -27,6 +27,7 @@ class RewardPhase:
     # what scored each sample, by the name a person knows it by: "reward 'label'" for each reward function, or the
     # task's verifier (orchestrator/iteration/learning_signal.py names the constant ones)
     values: dict[str, list] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)  # where the phase's time went (served models' seconds)
 
 
 def reward_columns(problem: Problem) -> dict[str, Any]:
@@ -63,6 +64,7 @@ def reward_phase(task: Task, problems: list[Problem], samples: Samples, length_p
                  trainer_state: TrainerState | None = None) -> RewardPhase:
     """`trainer_state`: the progress a TRL-style function sees (None: zeros)."""
     extra_columns: dict[str, list] = {}
+    parts: dict[str, float] = {}
     if functions is None:
         values: list[float | None] = list(task.score([problems[s.prompt_index] for s in samples],
                                                      [s.text for s in samples]))
@@ -70,7 +72,7 @@ def reward_phase(task: Task, problems: list[Problem], samples: Samples, length_p
         by_scorer = {f"the {task.name} task's verifier": list(values)}
     else:
         scored = functions.score_batch(reward_batch(problems, samples, trainer_state))
-        values, extra_columns = scored.rewards, scored.extra_columns
+        values, extra_columns, parts = scored.rewards, scored.extra_columns, scored.parts
         extra = {**scored.per_function, "excluded": sum(v is None for v in scored.rewards)}
         by_scorer = {f"reward {label!r}": vs for label, vs in scored.values.items()}
     kept = [i for i, v in enumerate(values) if v is not None]
@@ -84,4 +86,4 @@ def reward_phase(task: Task, problems: list[Problem], samples: Samples, length_p
     for i, r in zip(kept, rewards.tolist()):
         samples.items[i].reward = r
     metrics = {"reward_mean": float(rewards.mean()) if kept else float("nan"), **extra}
-    return RewardPhase(metrics, extra_columns, by_scorer)
+    return RewardPhase(metrics, extra_columns, by_scorer, parts)

@@ -8,8 +8,8 @@ A judge's prompts are rendered here (its template through its own chat template,
 and its replies read here; identical prompts are judged once per run (greedy replies: the same prompt gets the same
 verdict), and a reply without a readable verdict gets `unreadable_reward` and is counted.
 
-Metrics per model (`served/<name>/...`): seconds of the last batch, conversations scored, replicas replaced; a
-judge's unreadable verdicts and cache hits."""
+Metrics per model (`served/<name>/...`): conversations scored, replicas replaced, a judge's unreadable verdicts;
+each model's seconds are a part of the reward phase in RUN_DIR/timings.jsonl (`served/<name>`)."""
 from __future__ import annotations
 
 import os
@@ -82,8 +82,10 @@ class ServedModel:
     cfg: ServedModelConfig
     replicas: list[_Replica] = field(default_factory=list)
     replaced: int = 0
-    last: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)  # the last batch's metrics (the same on a resumed run)
+    last_seconds: float = 0.0  # the last batch's wall time (RUN_DIR/timings.jsonl: a part of the reward phase)
     last_replies: list[str] | None = None  # a judge's replies to the last batch
+    cache_hits: int = 0  # a judge's: the last batch's prompts judged earlier in the run
     _cache: dict[tuple[int, ...], str] = field(default_factory=dict)  # a judge's replies by prompt
     _tokenizer: Any = None
 
@@ -118,8 +120,8 @@ class ServedModel:
             values, extra = self._judge(prompts, completions, list(answers) or [None] * n)
         else:
             values, extra = self._on_replicas("score", [list(prompts), list(completions)]), {}
-        self.last = {"seconds": time.perf_counter() - t0, "scored": float(n), "replaced": float(self.replaced),
-                     **extra}
+        self.last = {"scored": float(n), "replaced": float(self.replaced), **extra}
+        self.last_seconds = time.perf_counter() - t0
         return values
 
     def _judge(self, prompts: Sequence, completions: Sequence[str], answers: list) -> tuple[list, dict]:
@@ -136,7 +138,8 @@ class ServedModel:
                 for r in replies]
         self.last_replies = replies
         values = [cfg.unreadable_reward if v is None else v for v in read]
-        return values, {"unreadable": float(sum(v is None for v in read)), "cache_hits": float(len(keys) - len(new))}
+        self.cache_hits = len(keys) - len(new)
+        return values, {"unreadable": float(sum(v is None for v in read))}
 
     def _prompt_ids(self, text: str) -> tuple[int, ...]:
         """The judge's prompt as a user turn of its chat template (its text alone without one)."""
@@ -221,7 +224,13 @@ class ServedModels:
         return {name: m.pids() for name, m in self.models.items()}
 
     def metrics(self) -> dict[str, float]:
+        """The last batch's, per model: conversations scored, replicas replaced so far, a judge's unreadable
+        replies. Wall time is not among them (metrics.jsonl of a resumed run equals the uninterrupted one's)."""
         return {f"served/{name}/{k}": v for name, m in self.models.items() for k, v in m.last.items()}
+
+    def seconds(self) -> dict[str, float]:
+        """The last batch's wall seconds per model: parts of the reward phase in RUN_DIR/timings.jsonl."""
+        return {f"served/{name}": m.last_seconds for name, m in self.models.items()}
 
     def close(self) -> None:
         for model in self.models.values():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.run_helpers import ROOT, run_here
+from tests.integration.run_helpers import ROOT, resume_here, run_here
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,10 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_reward_model_killed_mid_run_is_replaced_and_the_run_goes_on(tmp_path, tiny_model_dir, worker_pools):
+def test_a_reward_model_killed_mid_run_is_replaced_and_the_run_goes_on_exactly(tmp_path, tiny_model_dir,
+                                                                               worker_pools):
+    """The run whose replica died ends as one stopped at iteration 3 and resumed (scores rescored by the
+    replacement are the same scores; a resumed run starts a new replica and ends as an uninterrupted one)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -67,9 +70,24 @@ def test_a_reward_model_killed_mid_run_is_replaced_and_the_run_goes_on(tmp_path,
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4, 5]
     assert metrics[0]["served/rm/replaced"] == 0.0 and metrics[-1]["served/rm/replaced"] == 1.0
     assert all(m["served/rm/scored"] == 64 * 8 and "reward/right" in m and "reward/rm" in m for m in metrics)
+    timings = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
+    reward = [t for t in timings if t["phase"] == "reward"]
+    assert len(reward) == 5 and all(0 < t["parts"]["served/rm"] <= t["seconds"] for t in reward)
     with pytest.raises(ProcessLookupError):
         os.kill(killed[0], 0)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+    (tmp_path / "short").mkdir()
+    short = run_here(worker_pools, _config(tmp_path / "short", rm_dir, iterations=3, save_every=5),
+                     run_dir=tmp_path / "short" / "run")
+    resume_here(worker_pools, short, iterations=5)
+
+    def learning(d: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k != "served/rm/replaced"} for m in _metrics(d)]
+
+    assert learning(short) == learning(run_dir)
+    assert (short / "samples.jsonl").read_text() == (run_dir / "samples.jsonl").read_text()
+    assert json.loads((short / "final.json").read_text())["parameter_digests"] == \
+        json.loads((run_dir / "final.json").read_text())["parameter_digests"]
 
 
 @pytest.mark.skipif(not os.environ.get("TIDE_LEARN_MODELS"),
