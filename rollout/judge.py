@@ -1,7 +1,7 @@
 """LLM judges: the prompt a generative judge reads (a template with the question, the answer, the reference and a
 rubric, rendered through the judge's own chat template) and the verdict read from what it writes: a number, a
 letter or a JSON field. A verdict that cannot be read is None, never a guess; the served judge
-(orchestrator/rewards/served.py) counts it and gives it the configured `unreadable_reward`.
+(orchestrator/workers/served_models.py) counts it and gives it the configured `unreadable_reward`.
 
 Pure text: the judge model runs in a rollout engine (rollout/engine.py) of its own."""
 from __future__ import annotations
@@ -50,6 +50,14 @@ def render(template: str, prompt: str | Sequence[Mapping[str, Any]], answer: str
     return template.format(question=question_text(prompt), answer=answer,
                            reference="" if reference is None else str(reference),
                            rubric="\n".join(f"- {item}" for item in rubric))
+
+
+def judge_problem(text: str, chat: bool):
+    """The judge's prompt as a problem for the policy's prompt renderer (orchestrator/workers/prompts.py): a user
+    turn of its chat template (`chat`), or its text alone."""
+    from rollout.tasks import Problem
+
+    return Problem("judge", text, "", messages=({"role": "user", "content": text},) if chat else ())
 
 
 def parse_verdict(text: str, verdict: Verdict, *, key: str = "score", letters: Mapping[str, float] | None = None,

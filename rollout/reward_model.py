@@ -7,7 +7,7 @@ or the prompt's messages, then an assistant turn with the completion), as these 
 cards; a tokenizer without a chat template gets the prompt's text followed by the completion's. Inputs longer than
 the model's context are refused, never truncated: a truncated conversation would be scored on what was left.
 
-This module holds the model alone; orchestrator/rewards/served.py serves it for a run (Ray actors, batching
+This module holds the model alone; orchestrator/workers/served_models.py serves it for a run (Ray actors, batching
 across replicas, replacement and timeouts)."""
 from __future__ import annotations
 

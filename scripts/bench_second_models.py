@@ -5,9 +5,9 @@ transformers loop in this process, and the scoring phase's share of an RL iterat
 
 - **scoring** (goal >= 1.0x, per batch shape): conversations scored per second by a reward model the size of
   bench_rollout.py's ~100M Qwen2 (--quick: ~25M) with a one-label score head (random weights: the work does not
-  depend on them). Contender: tide's served model (`models:`, orchestrator/rewards/served.py) as a run configures
-  it on this 2-core machine: two replicas of one torch thread each, batch_size 64. Baseline: the same directory
-  loaded in this process with transformers' AutoModelForSequenceClassification (torch's default threads, every
+  depend on them). Contender: tide's served model (`models:`, orchestrator/workers/served_models.py) as a run
+  configures it on this 2-core machine: two replicas of one torch thread each, batch_size 64. Baseline: the same
+  directory loaded in this process with transformers' AutoModelForSequenceClassification (torch's default threads, every
   core) and called as a TRL reward function would: the conversations through the tokenizer's chat template with
   padding, 64 at a time, `logits[:, 0]`. Same conversations, alternating, each side warmed up once (and checked
   to give the same scores). Two batches: the quickstart job's (64 prompts x 8 samples, answers of a few tokens;
@@ -89,7 +89,7 @@ def reward_model_dir(tmp: Path, quick: bool) -> Path:
 def scoring(report: Report, quick: bool, repeats: int) -> None:
     import ray
 
-    from orchestrator.rewards.served import ServedModels
+    from orchestrator.workers.served_models import ServedModels
     from orchestrator.rewards.served_config import ServedModelConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_second_models_"))

@@ -5,7 +5,7 @@ right and alone, and `0` otherwise (a wrong number, the sum followed by more, ot
     .venv/bin/python scripts/train_judge.py [--out runs/judge/model] [--steps 1000]
 
 Supervised next-token loss on the reply's tokens only (the verdict and the end of the turn), on prompts rendered
-as the served judge renders them (orchestrator/rewards/served.py: the template's text as a user turn of the chat
+as the served judge renders them (orchestrator/workers/served_models.py: the template's text as a user turn of the chat
 template), starting from the task's language model (train_reward_model.task_language_model). Prints the greedy
 verdict's agreement with the rule on examples drawn with another seed (what the judge job's reward means), and
 writes the directory `models: {kind: judge, path: ...}` serves. Measured here (~32 s): 0.962 agreement (every
@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_reward_model import REJECTED_KINDS, preference_pairs, task_language_model  # noqa: E402
+from train_reward_model import (REJECTED_KINDS, preference_pairs, task_language_model,  # noqa: E402
+                                write_model)
 
 TEMPLATE = "{question}{answer}?"  # configs/judge.yaml's
 
@@ -36,19 +36,27 @@ def examples(seed: int, n: int) -> list[tuple[str, str, str]]:
     return out
 
 
-def _prompt_ids(tokenizer, prompt: str, answer: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": TEMPLATE.format(question=prompt, answer=answer)}],
-                                        add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+def _problem(prompt: str, answer: str):
+    """The judge's prompt as the served judge renders it (orchestrator/workers/served_models.py): the template's
+    text as a user turn, for the policy's prompt renderer."""
+    from rollout.judge import judge_problem, render
+
+    return judge_problem(render(TEMPLATE, prompt, answer, None, []), True)
 
 
-def _batch(tokenizer, rows):
+def _prompt_ids(renderer, prompt: str, answer: str) -> list[int]:
+    rendered, _ = renderer.render(_problem(prompt, answer))
+    return list(rendered.prompt_ids)
+
+
+def _batch(renderer, rows):
     import torch
 
+    tokenizer = renderer.tokenizer
     seqs, starts = [], []
     for prompt, answer, verdict in rows:
-        ids = _prompt_ids(tokenizer, prompt, answer)
-        reply = tokenizer(verdict, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids = _prompt_ids(renderer, prompt, answer)
+        reply = renderer.completion_ids(_problem(prompt, answer), verdict)  # the verdict, then the end of turn
         seqs.append(ids + reply)
         starts.append(len(ids))
     width = max(len(s) for s in seqs)
@@ -61,16 +69,16 @@ def _batch(tokenizer, rows):
     return ids, mask, labels
 
 
-def agreement(model, tokenizer, rows) -> dict[str, float]:
+def agreement(model, renderer, rows) -> dict[str, float]:
     """Share of `rows` whose greedy first reply token is the rule's verdict, overall and by kind of answer."""
     import torch
 
     right = []
     for prompt, answer, verdict in rows:
-        ids = torch.tensor([_prompt_ids(tokenizer, prompt, answer)])
+        ids = torch.tensor([_prompt_ids(renderer, prompt, answer)])
         with torch.inference_mode():
             token = int(model(input_ids=ids).logits[0, -1].argmax())
-        right.append(tokenizer.decode([token]) == verdict)
+        right.append(renderer.tokenizer.decode([token]) == verdict)
     ones = [r for r, row in zip(right, rows) if row[2] == "1"]
     zeros = [r for r, row in zip(right, rows) if row[2] == "0"]
     return {"all": sum(right) / len(right), "right_answers": sum(ones) / max(len(ones), 1),
@@ -81,12 +89,14 @@ def train(out: Path, steps: int, batch: int, lr: float, seed: int, lm_steps: int
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from orchestrator.workers.prompts import PromptRenderer
     from trainer.tiny_model import TinyModelConfig
 
     # the quickstart's sizes: vLLM, which serves the judge, has CPU attention kernels for head sizes of 32 and up
     spec = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
     body = task_language_model(out.with_name(out.name + ".init"), seed, lm_steps, spec)
     tokenizer = AutoTokenizer.from_pretrained(body)
+    renderer = PromptRenderer(tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(body, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -94,7 +104,7 @@ def train(out: Path, steps: int, batch: int, lr: float, seed: int, lm_steps: int
     t0 = time.perf_counter()
     model.train()
     for step in range(steps):
-        ids, mask, labels = _batch(tokenizer, rows[step * batch:(step + 1) * batch])
+        ids, mask, labels = _batch(renderer, rows[step * batch:(step + 1) * batch])
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -103,16 +113,9 @@ def train(out: Path, steps: int, batch: int, lr: float, seed: int, lm_steps: int
             print(f"step {step + 1}/{steps}  loss {loss.item():.4f}  ({time.perf_counter() - t0:.1f} s)", flush=True)
     model.eval()
     report = {"lm_steps": lm_steps, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "final_loss": loss.item(),
-              "held_out_agreement": agreement(model, tokenizer, held_out), "template": TEMPLATE,
+              "held_out_agreement": agreement(model, renderer, held_out), "template": TEMPLATE,
               "answer_kinds": sorted(set(REJECTED_KINDS)), "seconds": time.perf_counter() - t0}
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tide_judge.json").write_text(json.dumps(report, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    shutil.rmtree(body, ignore_errors=True)
+    write_model(out, model, tokenizer, "tide_judge.json", report, body)
     return report
 
 

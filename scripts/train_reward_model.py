@@ -140,17 +140,23 @@ def train(out: Path, steps: int, batch: int, lr: float, seed: int, lm_steps: int
             print(f"step {step + 1}/{steps}  loss {loss.item():.4f}  ({time.perf_counter() - t0:.1f} s)", flush=True)
     model.eval()
     accuracy = pairwise_accuracy(model, tokenizer, held_out)
+    report = {"lm_steps": lm_steps, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "final_loss": loss.item(),
+              "held_out_pairwise_accuracy": accuracy, "seconds": time.perf_counter() - t0}
+    write_model(out, model, tokenizer, "tide_reward_model.json", report, body)
+    return report
+
+
+def write_model(out: Path, model, tokenizer, report_name: str, report: dict, body: Path) -> None:
+    """`out` replaced whole by the model, its tokenizer and the training report (written beside, then renamed:
+    no half-written directory is ever at `out`); the starting model's directory `body` removed."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    report = {"lm_steps": lm_steps, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "final_loss": loss.item(),
-              "held_out_pairwise_accuracy": accuracy, "seconds": time.perf_counter() - t0}
-    (tmp / "tide_reward_model.json").write_text(json.dumps(report, indent=1))
+    (tmp / report_name).write_text(json.dumps(report, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     shutil.rmtree(body, ignore_errors=True)
-    return report
 
 
 def main() -> None:

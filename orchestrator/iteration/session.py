@@ -152,7 +152,7 @@ class Session:
             ray_side.callback(placement.release)
             served = None
             if cfg.models:  # reward models: started and health-checked before the first iteration
-                from orchestrator.rewards.served import ServedModels
+                from orchestrator.workers.served_models import ServedModels
 
                 with startup("startup/served_models"):
                     served = ServedModels(cfg.models)

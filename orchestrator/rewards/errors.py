@@ -1,4 +1,4 @@
-"""The reward room's error."""
+"""The reward room's errors."""
 
 
 class RewardFunctionError(RuntimeError):
@@ -7,3 +7,8 @@ class RewardFunctionError(RuntimeError):
     worker process) when there was one."""
 
     user_traceback: str | None = None
+
+
+class ServedModelError(RuntimeError):
+    """A served model (`models:`, orchestrator/workers/served_models.py) that cannot start or answer; the message
+    names it."""

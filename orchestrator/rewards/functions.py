@@ -41,7 +41,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ckpt_transfer.config import StrictModel
 from orchestrator.rewards.built_in import BUILTIN_FNS, BUILTINS, LENGTH, length_values
-from orchestrator.rewards.errors import RewardFunctionError
+from orchestrator.rewards.errors import RewardFunctionError, ServedModelError
 from orchestrator.rewards.normalize import normalized
 from orchestrator.rewards.served_config import Normalize
 from orchestrator.rewards.values import metric_values, validated
@@ -385,7 +385,7 @@ class RewardFunctions:
         return self.score_batch(RewardBatch(prompts, completions, columns, answers, completion_ids, groups))
 
     def attach_models(self, served) -> None:
-        """The run's served models (orchestrator.rewards.served.ServedModels), started once Ray is up."""
+        """The run's served models (orchestrator.workers.served_models.ServedModels), started once Ray is up."""
         self._served = served
 
     def score_batch(self, batch: RewardBatch) -> ScoredBatch:
@@ -420,7 +420,7 @@ class RewardFunctions:
                 per_function[f"reward/{label}"] = sum(scored_values) / len(scored_values)
         per_function |= raw
         parts = {}
-        if self.model_specs and self._served is not None:
+        if self.model_specs:  # scored above, or raised: the served models are attached
             per_function |= self._served.metrics()  # served/<model>/scored, replaced, unreadable
             parts = self._served.seconds()
         extra_columns: dict[str, list] = {}
@@ -436,8 +436,6 @@ class RewardFunctions:
         return ScoredBatch(rewards, per_function, extra_columns, values, parts)
 
     def _model_values(self, spec: RewardSpec, batch: RewardBatch) -> list[float | None]:
-        from orchestrator.rewards.served import ServedModelError
-
         if self._served is None:
             raise RewardFunctionError(f"reward {spec.label!r}: served model {spec.model!r} was not started")
         try:

@@ -1,6 +1,7 @@
 """The `models:` section: second models served beside the policy for a run, by name, for `rewards:` entries to
 score with (`{model: <name>}`): reward models (sequence classification) and generative judges (a vLLM engine of
-their own, a prompt template and a verdict parser: rollout/judge.py). Served by orchestrator/rewards/served.py."""
+their own, a prompt template and a verdict parser: rollout/judge.py). Served by
+orchestrator/workers/served_models.py."""
 from __future__ import annotations
 
 from typing import Literal

@@ -32,6 +32,14 @@ def _config(tmp_path: Path, rm_dir: Path, name: str = "reward_model", **top) -> 
     return path
 
 
+def _trained(script: str, out: Path, report_name: str) -> dict:
+    """scripts/`script` run as users run it, writing its model to `out`; its training report."""
+    trained = subprocess.run([sys.executable, f"scripts/{script}", "--out", str(out)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    return json.loads((out / report_name).read_text())
+
+
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -94,10 +102,7 @@ def test_a_reward_model_killed_mid_run_is_replaced_and_the_run_goes_on_exactly(t
                     reason="the reward model's training (~30 s) and a 70-iteration run: set TIDE_LEARN_MODELS=1")
 def test_rl_on_the_trained_reward_model_raises_its_score_and_the_rule_it_encodes(tmp_path, worker_pools):
     rm_dir = tmp_path / "rm"
-    trained = subprocess.run([sys.executable, "scripts/train_reward_model.py", "--out", str(rm_dir)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    report = json.loads((rm_dir / "tide_reward_model.json").read_text())
+    report = _trained("train_reward_model.py", rm_dir, "tide_reward_model.json")
     assert report["held_out_pairwise_accuracy"]["all"] >= 0.9, report
     run_dir = run_here(worker_pools, _config(tmp_path, rm_dir), run_dir=tmp_path / "run")
     metrics = _metrics(run_dir)
@@ -116,10 +121,7 @@ def test_rl_on_the_trained_reward_model_raises_its_score_and_the_rule_it_encodes
                     reason="the judge's training (~30 s) and a 70-iteration run: set TIDE_LEARN_MODELS=1")
 def test_rl_on_the_trained_judge_raises_the_rule_it_reads(tmp_path, worker_pools):
     judge_dir = tmp_path / "judge"
-    trained = subprocess.run([sys.executable, "scripts/train_judge.py", "--out", str(judge_dir)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    report = json.loads((judge_dir / "tide_judge.json").read_text())
+    report = _trained("train_judge.py", judge_dir, "tide_judge.json")
     assert report["held_out_agreement"]["all"] >= 0.9, report  # its verdicts follow the rule
     run_dir = run_here(worker_pools, _config(tmp_path, judge_dir, "judge"), run_dir=tmp_path / "run")
     metrics = _metrics(run_dir)

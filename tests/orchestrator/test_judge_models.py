@@ -1,5 +1,5 @@
-"""LLM judges (`models: {kind: judge}`; rollout/judge.py, orchestrator/rewards/served.py): templates refused by
-name, verdicts read as numbers, letters or JSON fields (None where none can be read, never a guess), and a
+"""LLM judges (`models: {kind: judge}`; rollout/judge.py, orchestrator/workers/served_models.py): templates refused
+by name, verdicts read as numbers, letters or JSON fields (None where none can be read, never a guess), and a
 served judge whose values are its replies read by the parser, unreadable ones counted and given the configured
 reward, identical prompts judged once."""
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_a_served_judge_is_its_replies_read_counted_and_cached(ray_cluster, tiny
     """A random tiny judge: what it writes means nothing, so the test checks the plumbing: each value is the
     parser's reading of the reply kept for that sample (or unreadable_reward), unreadable replies are counted,
     and a prompt judged before is not sent again."""
-    from orchestrator.rewards.served import ServedModels
+    from orchestrator.workers.served_models import ServedModels
     from orchestrator.rewards.served_config import ServedModelConfig
 
     cfg = ServedModelConfig(kind="judge", path=str(tiny_model_dir), template="{question}{answer}?",

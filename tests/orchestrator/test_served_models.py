@@ -1,5 +1,5 @@
-"""Served reward models (`models:`, orchestrator/rewards/served.py; rollout/reward_model.py): scores equal to the
-model's own forward pass on each conversation alone, normalisation computed by hand, replicas replaced when they
+"""Served reward models (`models:`, orchestrator/workers/served_models.py; rollout/reward_model.py): scores equal
+to the model's own forward pass on each conversation alone, normalisation computed by hand, replicas replaced when they
 die, timeouts and refusals naming the model, and the config's checks."""
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_config_checks_the_models_and_the_rewards_naming_them(rm_dir, tmp_path):
 
 def test_served_replicas_score_time_out_by_name_are_replaced_once_and_weigh_beside_a_function(ray_cluster, rm_dir):
     """One model served by two replicas (their start is most of this test's time, so the cases share them)."""
-    from orchestrator.rewards.served import ServedModels
+    from orchestrator.workers.served_models import ServedModels
     from orchestrator.rewards.served_config import ServedModelConfig
 
     served = ServedModels({"rm": ServedModelConfig(path=str(rm_dir), replicas=2, batch_size=2, max_replacements=1)})
@@ -144,7 +144,7 @@ def _weighed_beside_a_function(served, raw: list[float]) -> None:
 
 
 def _timed_out(served) -> None:
-    from orchestrator.rewards.served import ServedModelError
+    from orchestrator.workers.served_models import ServedModelError
 
     rm = served["rm"]
     configured, rm.cfg = rm.cfg, rm.cfg.model_copy(update={"timeout_s": 1e-4})
@@ -157,7 +157,7 @@ def _timed_out(served) -> None:
 
 
 def _replaced_once(served, want: list[float]) -> None:
-    from orchestrator.rewards.served import ServedModelError
+    from orchestrator.workers.served_models import ServedModelError
 
     rm = served["rm"]
     assert len(set(rm.pids())) == 2 and os.getpid() not in rm.pids()

@@ -20,11 +20,10 @@ from typing import Any
 
 import ray
 
+from orchestrator.rewards.errors import ServedModelError
 from orchestrator.rewards.served_config import ServedModelConfig
 
-
-class ServedModelError(RuntimeError):
-    """A served model that cannot start or answer; the message names it."""
+__all__ = ["ServedModel", "ServedModelError", "ServedModels"]
 
 
 class _RewardModelActor:
@@ -56,12 +55,13 @@ class _JudgeActor:
     def info(self) -> dict:
         return {"name": self.name, "pid": os.getpid()}
 
-    def judge(self, prompt_ids: list[list[int]]) -> list[str]:
+    def judge(self, prompt_ids: list[list[int]], stop_token_ids: list[int]) -> list[str]:
         from rollout.tasks import Problem
 
         problems = [Problem("judge", "", "", prompt_ids=tuple(ids)) for ids in prompt_ids]
-        # top_k 1: greedy, the same reply to the same prompt
-        samples = self.engine.generate(problems, 1, self.max_new_tokens, 1.0, 0, top_k=1)
+        # top_k 1: greedy, the same reply to the same prompt; a reply ends at its chat template's end of turn
+        samples = self.engine.generate(problems, 1, self.max_new_tokens, 1.0, 0, top_k=1,
+                                       stop_token_ids=stop_token_ids)
         texts = [""] * len(problems)
         for sample in samples:
             texts[sample.prompt_index] = sample.text
@@ -87,7 +87,7 @@ class ServedModel:
     last_replies: list[str] | None = None  # a judge's replies to the last batch
     cache_hits: int = 0  # a judge's: the last batch's prompts judged earlier in the run
     _cache: dict[tuple[int, ...], str] = field(default_factory=dict)  # a judge's replies by prompt
-    _tokenizer: Any = None
+    _renderer: Any = None  # a judge's prompts, rendered as the policy's (orchestrator/workers/prompts.py)
 
     def start(self) -> "ServedModel":
         self.replicas = [self._launch() for _ in range(self.cfg.replicas)]
@@ -132,7 +132,8 @@ class ServedModel:
                 for p, c, a in zip(prompts, completions, answers)]
         new = list(dict.fromkeys(k for k in keys if k not in self._cache))
         if new:
-            self._cache.update(zip(new, self._on_replicas("judge", [[list(k) for k in new]])))
+            replies = self._on_replicas("judge", [[list(k) for k in new]], self._renderer.end_of_turn_ids())
+            self._cache.update(zip(new, replies))
         replies = [self._cache[k] for k in keys]
         read = [parse_verdict(r, cfg.verdict, key=cfg.verdict_key, letters=cfg.letters, scale=cfg.scale)
                 for r in replies]
@@ -142,27 +143,29 @@ class ServedModel:
         return values, {"unreadable": float(sum(v is None for v in read))}
 
     def _prompt_ids(self, text: str) -> tuple[int, ...]:
-        """The judge's prompt as a user turn of its chat template (its text alone without one)."""
-        if self._tokenizer is None:
+        """The judge's prompt as a user turn of its chat template (its text alone without one), rendered and
+        tokenised as the policy's prompts are."""
+        from rollout.judge import judge_problem
+
+        if self._renderer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.path)
-        tok = self._tokenizer
-        if tok.chat_template:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False)
-            return tuple(ids["input_ids"] if isinstance(ids, dict) else ids)
-        return tuple(tok(text).input_ids)
+            from orchestrator.workers.prompts import PromptRenderer
 
-    def _on_replicas(self, method: str, columns: list[list]) -> list:
-        """`method` called on each replica with its contiguous part of every column; results in order. A replica
-        that dies is replaced and its part sent again; one that does not answer in time stops the call."""
+            self._renderer = PromptRenderer(AutoTokenizer.from_pretrained(self.cfg.path))
+        rendered, _ = self._renderer.render(judge_problem(text, bool(self._renderer.template)))
+        return rendered.prompt_ids
+
+    def _on_replicas(self, method: str, columns: list[list], *shared: Any) -> list:
+        """`method` called on each replica with its contiguous part of every column, then `shared` as they are;
+        results in order. A replica that dies is replaced and its part sent again; one that does not answer in time
+        stops the call."""
         n = len(columns[0])
         parts = _split(n, len(self.replicas))
 
         def send(i: int):
             lo, hi = parts[i]
-            return getattr(self.replicas[i].actor, method).remote(*[c[lo:hi] for c in columns])
+            return getattr(self.replicas[i].actor, method).remote(*[c[lo:hi] for c in columns], *shared)
 
         pending = {i: send(i) for i, (lo, hi) in enumerate(parts) if hi > lo}
         results: dict[int, list] = {}
